@@ -1,0 +1,90 @@
+-- sekali schema, version 1 (PRAGMA user_version = 1).
+--
+-- Applied at startup, idempotently, by src/store/schema.rs, which embeds this file in the binary.
+-- Table and column names are part of sekali's interface: operators query them with sqlite3.
+-- Every timestamp is ISO-8601 UTC text, YYYY-MM-DDTHH:MM:SSZ: fixed width, so it sorts as text.
+-- Amounts are integers in minor units (Stripe's amount as sent; Midtrans "10000.00" -> 1000000).
+
+-- One row per (provider, event id) ever claimed and not yet purged: the deduplication record.
+-- A row exists if and only if the event's effects were committed in the same transaction.
+CREATE TABLE IF NOT EXISTS processed_events (
+    provider          TEXT NOT NULL CHECK (provider IN ('stripe', 'midtrans')),
+    -- Stripe's evt_... id, or the derived Midtrans id
+    -- order_id:transaction_status:status_code[:fraud_status][:refund identity].
+    event_id          TEXT NOT NULL,
+    -- Stripe's event type; Midtrans' transaction_status.
+    event_type        TEXT NOT NULL,
+    -- The order the event concerned, once known (NULL for ignored and parked events).
+    order_id          TEXT,
+    -- processed: effects applied (possibly none, when the status was already reached);
+    -- stale: would have moved the order backwards, changed nothing;
+    -- ignored: an event type sekali does not act on, or no order reference;
+    -- parked: a charge or dispute whose PaymentIntent is not linked to an order yet; applied
+    --         (and its outcome updated) in the transaction that first links it.
+    outcome           TEXT NOT NULL CHECK (outcome IN ('processed', 'stale', 'ignored', 'parked')),
+    received_at       TEXT NOT NULL,
+    -- received_at plus the provider's retention; the purge deletes rows past it (never parked
+    -- rows), and a redelivery after it is treated as a new event.
+    expires_at        TEXT NOT NULL,
+    -- Stripe PaymentIntent the event refers to, if any: how parked events find their order.
+    payment_intent_id TEXT,
+    -- The raw request body exactly as received and verified.
+    payload           TEXT NOT NULL,
+    PRIMARY KEY (provider, event_id)
+);
+
+CREATE INDEX IF NOT EXISTS processed_events_expires_at ON processed_events (expires_at);
+CREATE INDEX IF NOT EXISTS processed_events_received_at ON processed_events (received_at);
+CREATE INDEX IF NOT EXISTS processed_events_parked
+    ON processed_events (payment_intent_id) WHERE outcome = 'parked';
+
+-- The shop's orders as the webhooks have moved them. Never purged.
+CREATE TABLE IF NOT EXISTS orders (
+    order_id          TEXT PRIMARY KEY NOT NULL,
+    provider          TEXT NOT NULL CHECK (provider IN ('stripe', 'midtrans')),
+    -- Forward-only: pending -> paid | failed | cancelled | expired; failed -> paid;
+    -- paid -> partially_refunded | refunded | disputed; partially_refunded -> refunded | disputed.
+    status            TEXT NOT NULL CHECK (status IN ('pending', 'paid', 'failed', 'cancelled',
+                          'expired', 'partially_refunded', 'refunded', 'disputed')),
+    amount            INTEGER,
+    refunded_amount   INTEGER NOT NULL DEFAULT 0,
+    currency          TEXT,
+    customer_email    TEXT,
+    -- The first Stripe PaymentIntent linked to the order (all of them: order_payment_intents).
+    payment_intent_id TEXT,
+    created_at        TEXT NOT NULL,
+    updated_at        TEXT NOT NULL,
+    -- The event that last changed the order.
+    last_event_id     TEXT NOT NULL
+);
+
+-- Every Stripe PaymentIntent seen with an order; charges and disputes that carry no order id
+-- are resolved through it.
+CREATE TABLE IF NOT EXISTS order_payment_intents (
+    payment_intent_id TEXT PRIMARY KEY NOT NULL,
+    order_id          TEXT NOT NULL REFERENCES orders (order_id)
+);
+
+-- Customer emails to send, written in the same transaction as the status change they announce.
+-- Never purged.
+CREATE TABLE IF NOT EXISTS email_outbox (
+    id                INTEGER PRIMARY KEY,
+    order_id          TEXT NOT NULL REFERENCES orders (order_id),
+    -- NULL when no event carried an address.
+    recipient         TEXT,
+    template          TEXT NOT NULL CHECK (template IN ('receipt', 'payment_failed', 'refund_notice')),
+    -- JSON object: order_id, status, amount, refunded_amount, currency, provider, event_id.
+    params            TEXT NOT NULL,
+    -- For the downstream sender (Message-ID, Idempotency-Key header): hex SHA-256 of the
+    -- order id, template, status and refunded amount, so one status change yields one key,
+    -- whichever event announced it.
+    idempotency_key   TEXT NOT NULL UNIQUE,
+    status            TEXT NOT NULL DEFAULT 'pending'
+                          CHECK (status IN ('pending', 'sent', 'dead', 'skipped')),
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    created_at        TEXT NOT NULL,
+    -- The event that caused this email.
+    event_id          TEXT NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS email_outbox_status ON email_outbox (status, id);

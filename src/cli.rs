@@ -1,0 +1,251 @@
+//! The command line: `serve`, `purge`, `replay`, `events`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::{self, Secrets, Settings};
+use crate::domain::Provider;
+use crate::startup::Application;
+use crate::store::{self, reads};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sekali",
+    version,
+    about = "Exactly-once Stripe and Midtrans webhook receiver on SQLite"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Receive webhooks. Secrets come from STRIPE_WEBHOOK_SECRET (comma-separated, for
+    /// rotation) and MIDTRANS_SERVER_KEY; at least one must be set.
+    Serve(ServeArgs),
+    /// Delete expired event ids now (one purge pass) and print how many.
+    Purge(DbArgs),
+    /// Sign fixture files as the provider would and POST them to a running sekali.
+    Replay(ReplayArgs),
+    /// Inspect processed events (read-only).
+    #[command(subcommand)]
+    Events(EventsCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct DbArgs {
+    /// SQLite database file.
+    #[arg(long, env = "SEKALI_DB", default_value = "sekali.db")]
+    pub db: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "SEKALI_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// SQLite database file (created if missing).
+    #[arg(long, env = "SEKALI_DB", default_value = "sekali.db")]
+    pub db: PathBuf,
+    /// Accepted distance in seconds between a Stripe signature's timestamp and now, both ways.
+    #[arg(long, default_value_t = crate::providers::stripe::DEFAULT_TOLERANCE_SECS)]
+    pub stripe_tolerance: u64,
+    /// Largest accepted request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// How long Stripe event ids are remembered (longer than Stripe's 30-day resend window).
+    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]
+    pub stripe_retention: Duration,
+    /// How long Midtrans event ids are remembered (its retries end within about 6 hours).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    pub midtrans_retention: Duration,
+    /// How often expired event ids are purged.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub purge_interval: Duration,
+    /// Most deliveries committed by one transaction (1 = one transaction per delivery).
+    #[arg(long, default_value_t = config::DEFAULT_BATCH_MAX as u32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch_max: u32,
+    /// Deliveries that may wait for the writer before new ones get 503 with Retry-After.
+    #[arg(long, default_value_t = config::DEFAULT_QUEUE_CAPACITY)]
+    pub queue_capacity: usize,
+    /// HTTP worker threads (default: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The webhook URL, e.g. http://127.0.0.1:8080/webhooks/stripe.
+    #[arg(long)]
+    pub url: String,
+    /// Provider of the files; by default taken from the URL path.
+    #[arg(long)]
+    pub provider: Option<Provider>,
+    /// Event bodies to sign and send, in order.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// The newest processed events.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        #[arg(long)]
+        provider: Option<Provider>,
+    },
+    /// One event with its stored payload.
+    Show {
+        /// The event id (Stripe evt_..., or the derived Midtrans id).
+        id: String,
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        provider: Option<Provider>,
+    },
+}
+
+/// Runs a parsed command line; errors are printed to stderr as `error: …`.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Purge(args) => purge(args),
+        Command::Replay(args) => replay(args),
+        Command::Events(command) => events(command),
+    }
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::FAILURE
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    crate::telemetry::init();
+    let secrets = Secrets::from_env();
+    if let Err(e) = secrets.require_any() {
+        return fail(e);
+    }
+    let mut settings = Settings::new(args.listen, args.db, secrets);
+    settings.stripe_tolerance_secs = args.stripe_tolerance;
+    settings.max_body_bytes = args.max_body_bytes;
+    settings.stripe_retention = args.stripe_retention;
+    settings.midtrans_retention = args.midtrans_retention;
+    settings.purge_interval = args.purge_interval;
+    settings.batch_max = args.batch_max as usize;
+    settings.queue_capacity = args.queue_capacity;
+    settings.workers = args.workers;
+    let result = actix_web::rt::System::new().block_on(async move {
+        let app = Application::build(settings, Arc::new(SystemClock)).map_err(|e| e.to_string())?;
+        app.run_until_stopped().await.map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+fn purge(args: DbArgs) -> ExitCode {
+    let result =
+        store::open_existing(&args.db, true, store::DEFAULT_BUSY_TIMEOUT).and_then(|conn| {
+            Ok(store::purge::purge_all_expired(
+                &conn,
+                SystemClock.now_unix(),
+                store::purge::DEFAULT_PURGE_BATCH,
+            )?)
+        });
+    match result {
+        Ok(n) => {
+            println!("purged {n} expired event ids");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn replay(args: ReplayArgs) -> ExitCode {
+    let secrets = Secrets::from_env();
+    let result = actix_web::rt::System::new().block_on(crate::replay::replay_files(
+        &args.url,
+        args.provider,
+        &args.files,
+        &secrets,
+        SystemClock.now_unix(),
+    ));
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => fail(e),
+    }
+}
+
+fn events(command: EventsCommand) -> ExitCode {
+    let db_path = match &command {
+        EventsCommand::List { db, .. } | EventsCommand::Show { db, .. } => db.db.clone(),
+    };
+    let conn = match store::open_existing(&db_path, false, store::DEFAULT_BUSY_TIMEOUT) {
+        Ok(conn) => conn,
+        Err(e) => return fail(e),
+    };
+    match command {
+        EventsCommand::List {
+            limit, provider, ..
+        } => match reads::list_events(&conn, provider.map(Provider::as_str), limit) {
+            Ok(rows) => {
+                println!(
+                    "{:<20}  {:<9}  {:<9}  {:<34}  {:<16}  EVENT_ID",
+                    "RECEIVED_AT", "PROVIDER", "OUTCOME", "EVENT_TYPE", "ORDER_ID"
+                );
+                for row in rows {
+                    println!(
+                        "{:<20}  {:<9}  {:<9}  {:<34}  {:<16}  {}",
+                        row.received_at,
+                        row.provider,
+                        row.outcome,
+                        row.event_type,
+                        row.order_id.as_deref().unwrap_or("-"),
+                        row.event_id
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+        EventsCommand::Show { id, provider, .. } => {
+            match reads::find_events(&conn, &id, provider.map(Provider::as_str)) {
+                Ok(rows) if rows.is_empty() => fail(format!("no stored event with id {id}")),
+                Ok(rows) => {
+                    for row in rows {
+                        let s = &row.summary;
+                        println!("provider:          {}", s.provider);
+                        println!("event_id:          {}", s.event_id);
+                        println!("event_type:        {}", s.event_type);
+                        println!(
+                            "order_id:          {}",
+                            s.order_id.as_deref().unwrap_or("-")
+                        );
+                        println!("outcome:           {}", s.outcome);
+                        println!("received_at:       {}", s.received_at);
+                        println!("expires_at:        {}", s.expires_at);
+                        println!(
+                            "payment_intent_id: {}",
+                            row.payment_intent_id.as_deref().unwrap_or("-")
+                        );
+                        println!("payload:\n{}", row.payload.trim_end());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Runtime settings for `sekali serve`. Secrets come only from the environment and are never
+//! printed: [`SecretString`] redacts itself in `Debug`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use secrecy::SecretString;
+
+use crate::providers::stripe::DEFAULT_TOLERANCE_SECS;
+use crate::store::events::Retention;
+use crate::store::DEFAULT_BUSY_TIMEOUT;
+
+pub const ENV_STRIPE_SECRET: &str = "STRIPE_WEBHOOK_SECRET";
+pub const ENV_MIDTRANS_KEY: &str = "MIDTRANS_SERVER_KEY";
+
+/// 1 MiB: a Stripe event is a few kilobytes; anything near this is not a webhook.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Stripe retries for 3 days and the CLI resends events up to 30 days old.
+pub const DEFAULT_STRIPE_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Midtrans' five retries end within about 6 hours.
+pub const DEFAULT_MIDTRANS_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
+pub const DEFAULT_BATCH_MAX: usize = 256;
+pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+
+/// The configured provider secrets. An empty Stripe list or a missing Midtrans key means that
+/// provider is not configured (its route answers 404).
+#[derive(Debug, Clone, Default)]
+pub struct Secrets {
+    /// Every listed secret is accepted (rotation).
+    pub stripe: Vec<SecretString>,
+    pub midtrans: Option<SecretString>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "refusing to start: no provider is configured. Set {ENV_STRIPE_SECRET} (comma-separated \
+         whsec_... secrets) and/or {ENV_MIDTRANS_KEY} (the Midtrans server key)"
+    )]
+    NoProviderConfigured,
+}
+
+impl Secrets {
+    /// Reads `STRIPE_WEBHOOK_SECRET` (comma-separated) and `MIDTRANS_SERVER_KEY`.
+    pub fn from_env() -> Self {
+        Self::from_values(
+            std::env::var(ENV_STRIPE_SECRET).ok().as_deref(),
+            std::env::var(ENV_MIDTRANS_KEY).ok().as_deref(),
+        )
+    }
+
+    pub fn from_values(stripe: Option<&str>, midtrans: Option<&str>) -> Self {
+        let stripe = stripe
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| SecretString::from(s.to_owned()))
+            .collect();
+        let midtrans = midtrans
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| SecretString::from(s.to_owned()));
+        Secrets { stripe, midtrans }
+    }
+
+    pub fn require_any(&self) -> Result<(), ConfigError> {
+        if self.stripe.is_empty() && self.midtrans.is_none() {
+            return Err(ConfigError::NoProviderConfigured);
+        }
+        Ok(())
+    }
+}
+
+/// Everything `sekali serve` needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: String,
+    pub db_path: PathBuf,
+    pub secrets: Secrets,
+    pub stripe_tolerance_secs: u64,
+    pub max_body_bytes: usize,
+    pub stripe_retention: Duration,
+    pub midtrans_retention: Duration,
+    pub purge_interval: Duration,
+    pub purge_batch: usize,
+    pub batch_max: usize,
+    pub queue_capacity: usize,
+    /// HTTP worker threads; 0 means one per core.
+    pub workers: usize,
+    pub busy_timeout: Duration,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_timeout: Duration,
+    /// Install SIGTERM / ctrl-c handlers (off in tests, which stop the server themselves).
+    pub handle_signals: bool,
+}
+
+impl Settings {
+    /// Defaults for everything but the address, the database and the secrets.
+    pub fn new(listen: impl Into<String>, db_path: impl Into<PathBuf>, secrets: Secrets) -> Self {
+        Settings {
+            listen: listen.into(),
+            db_path: db_path.into(),
+            secrets,
+            stripe_tolerance_secs: DEFAULT_TOLERANCE_SECS,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            stripe_retention: DEFAULT_STRIPE_RETENTION,
+            midtrans_retention: DEFAULT_MIDTRANS_RETENTION,
+            purge_interval: DEFAULT_PURGE_INTERVAL,
+            purge_batch: crate::store::purge::DEFAULT_PURGE_BATCH,
+            batch_max: DEFAULT_BATCH_MAX,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            workers: 0,
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            shutdown_timeout: Duration::from_secs(30),
+            handle_signals: true,
+        }
+    }
+
+    pub fn retention(&self) -> Retention {
+        Retention {
+            stripe_secs: self.stripe_retention.as_secs() as i64,
+            midtrans_secs: self.midtrans_retention.as_secs() as i64,
+        }
+    }
+}

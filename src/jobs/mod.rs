@@ -1,0 +1,3 @@
+//! Background work that runs beside the HTTP server and stops with it.
+
+pub mod purge;

@@ -1,0 +1,22 @@
+//! sekali ("once"): receives Stripe and Midtrans payment webhooks and applies each event's
+//! effects exactly once, durably, before answering 2xx.
+//!
+//! Layout (the folders are the architecture):
+//! - [`providers`]: pure signature verification and parsing per provider; no HTTP, no SQL.
+//! - [`domain`]: newtypes and the forward-only order state machine.
+//! - [`store`]: every SQL statement, the schema, the single writer thread and the read pool.
+//! - [`routes`]: thin HTTP handlers that map errors onto each provider's retry protocol.
+//! - [`jobs`]: background work (the purge of expired event ids).
+//! - [`startup`]: builds the HTTP server from [`config::Settings`]; tests build it on port 0.
+
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod domain;
+pub mod jobs;
+pub mod providers;
+pub mod replay;
+pub mod routes;
+pub mod startup;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,128 @@
+//! Building and running the HTTP server.
+
+use std::net::TcpListener;
+
+use actix_web::dev::{Server, ServerHandle};
+use actix_web::{web, App, HttpServer};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SharedClock;
+use crate::config::{ConfigError, Settings};
+use crate::jobs::purge::run_purge_job;
+use crate::routes::{self, AppState};
+use crate::store::{self, StoreError, Writer, WriterConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot open the database: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        address: String,
+        source: std::io::Error,
+    },
+}
+
+/// A built server: bound, with its writer and jobs started. Must be built and run inside an
+/// actix runtime (`actix_web::rt::System`, or `#[actix_web::test]`).
+pub struct Application {
+    port: u16,
+    server: Server,
+    writer: Writer,
+    shutdown: CancellationToken,
+    purge_job: actix_web::rt::task::JoinHandle<()>,
+}
+
+impl Application {
+    pub fn build(settings: Settings, clock: SharedClock) -> Result<Self, StartupError> {
+        settings.secrets.require_any()?;
+        let writer = Writer::start(
+            WriterConfig {
+                db_path: settings.db_path.clone(),
+                batch_max: settings.batch_max,
+                queue_capacity: settings.queue_capacity,
+                retention: settings.retention(),
+                busy_timeout: settings.busy_timeout,
+            },
+            clock.clone(),
+        )?;
+        let reads = store::read_pool(&settings.db_path, 4, settings.busy_timeout)?;
+
+        let bind_error = |source| StartupError::Bind {
+            address: settings.listen.clone(),
+            source,
+        };
+        let listener = TcpListener::bind(&settings.listen).map_err(bind_error)?;
+        let address = listener.local_addr().map_err(bind_error)?;
+
+        let state = web::Data::new(AppState {
+            secrets: settings.secrets.clone(),
+            stripe_tolerance_secs: settings.stripe_tolerance_secs,
+            max_body_bytes: settings.max_body_bytes,
+            clock,
+            writer: writer.clone(),
+            reads,
+        });
+        let mut server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .configure(routes::configure)
+        })
+        .shutdown_timeout(settings.shutdown_timeout.as_secs())
+        .listen(listener)
+        .map_err(bind_error)?;
+        if settings.workers > 0 {
+            server = server.workers(settings.workers);
+        }
+        if !settings.handle_signals {
+            server = server.disable_signals();
+        }
+        let server = server.run();
+
+        let shutdown = CancellationToken::new();
+        let purge_job = actix_web::rt::spawn(run_purge_job(
+            writer.clone(),
+            settings.purge_interval,
+            settings.purge_batch,
+            shutdown.clone(),
+        ));
+        tracing::info!(
+            %address,
+            db = %settings.db_path.display(),
+            stripe = !settings.secrets.stripe.is_empty(),
+            midtrans = settings.secrets.midtrans.is_some(),
+            "sekali is listening"
+        );
+        Ok(Application {
+            port: address.port(),
+            server,
+            writer,
+            shutdown,
+            purge_job,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops the server as SIGTERM would: `stop(true)` finishes in-flight requests first.
+    pub fn handle(&self) -> ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until stopped (SIGTERM, ctrl-c or [`ServerHandle::stop`]), then shuts down in
+    /// order: in-flight requests finish (they are waiting on the writer, which still runs), the
+    /// purge job stops, and the writer commits what is queued and exits.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let result = self.server.await;
+        self.shutdown.cancel();
+        let _ = self.purge_job.await;
+        let writer = self.writer;
+        let _ = actix_web::rt::task::spawn_blocking(move || writer.shutdown()).await;
+        tracing::info!("sekali stopped");
+        result
+    }
+}

@@ -1,0 +1,118 @@
+//! Everything that speaks SQL: connections, the schema, the writer thread, purge and reads.
+//!
+//! Write path: one dedicated thread ([`writer::Writer`]) owns the only write connection; HTTP
+//! handlers hand it verified deliveries through a bounded queue. Read path: a pool of read-only
+//! connections ([`ReadPool`]). WAL mode lets the two run side by side.
+
+pub mod events;
+pub mod purge;
+pub mod reads;
+pub mod schema;
+pub mod writer;
+
+use std::path::Path;
+use std::time::Duration;
+
+use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::{Connection, OpenFlags};
+
+pub use events::Outcome;
+pub use writer::{WriteError, Writer, WriterConfig};
+
+/// How long a statement waits for another process's lock before failing with `SQLITE_BUSY`
+/// (answered as 503, which both providers retry).
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database file {0} does not exist")]
+    Missing(String),
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("connection pool: {0}")]
+    Pool(#[from] r2d2::Error),
+    #[error("the database has schema version {found}; this sekali knows up to {known}")]
+    SchemaTooNew { found: i64, known: i64 },
+    #[error("stored payload could not be re-read: {0}")]
+    StoredPayload(#[from] crate::providers::PayloadError),
+}
+
+impl StoreError {
+    /// True for faults that go away by themselves (lock held elsewhere, disk full): the caller
+    /// should retry later.
+    pub fn is_transient(&self) -> bool {
+        use rusqlite::ErrorCode::*;
+        match self {
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
+                matches!(
+                    e.code,
+                    DatabaseBusy | DatabaseLocked | DiskFull | SystemIoFailure | OutOfMemory
+                )
+            }
+            StoreError::Pool(_) => true,
+            _ => false,
+        }
+    }
+}
+
+fn apply_connection_pragmas(conn: &Connection, busy_timeout: Duration) -> rusqlite::Result<()> {
+    conn.busy_timeout(busy_timeout)?;
+    // FULL: the WAL is synced at every commit, so a 2xx (sent only after COMMIT) means durable.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(())
+}
+
+/// Opens (creating if needed) the database for writing: WAL, `synchronous=FULL`, busy timeout,
+/// schema applied.
+pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)?;
+    apply_connection_pragmas(&conn, busy_timeout)?;
+    let mode: String =
+        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(journal_mode = %mode, "could not switch the database to WAL mode");
+    }
+    schema::migrate(&conn)?;
+    Ok(conn)
+}
+
+/// Opens an existing database for a maintenance command; a missing file is an error rather
+/// than a new empty database. The schema is brought up to date when `writable`.
+pub fn open_existing(
+    path: &Path,
+    writable: bool,
+    busy_timeout: Duration,
+) -> Result<Connection, StoreError> {
+    if !path.exists() {
+        return Err(StoreError::Missing(path.display().to_string()));
+    }
+    let flags = if writable {
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let conn = Connection::open_with_flags(path, flags)?;
+    if writable {
+        apply_connection_pragmas(&conn, busy_timeout)?;
+        schema::migrate(&conn)?;
+    } else {
+        conn.busy_timeout(busy_timeout)?;
+    }
+    Ok(conn)
+}
+
+/// A pool of read-only connections for health checks and inspection. The file must already
+/// exist (the writer creates it first).
+pub fn read_pool(path: &Path, size: u32, busy_timeout: Duration) -> Result<ReadPool, StoreError> {
+    let manager = SqliteConnectionManager::file(path)
+        .with_flags(OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .with_init(move |conn| conn.busy_timeout(busy_timeout));
+    Ok(r2d2::Pool::builder()
+        .max_size(size)
+        .min_idle(Some(0))
+        .connection_timeout(Duration::from_secs(5))
+        .build(manager)?)
+}

@@ -1,0 +1,292 @@
+//! The single writer: one thread owns the only write connection.
+//!
+//! Why one thread: SQLite has one write lock per database. Pooled writers only take turns on it
+//! (and time out with `SQLITE_BUSY` under load), while a single owner never waits on itself and
+//! can group deliveries: it takes whatever is queued (up to `batch_max`), opens one
+//! `BEGIN IMMEDIATE`, runs each delivery inside its own SAVEPOINT (a failing delivery rolls back
+//! alone), commits once with `synchronous=FULL`, and only then answers each delivery. No timer:
+//! a lone delivery on an empty queue commits at once. `batch_max = 1` gives one transaction per
+//! delivery through the same code.
+//!
+//! Invariant: a delivery's answer is `Ok` only if the COMMIT that contains it succeeded.
+
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+use tracing::Span;
+
+use super::events::{record_event_and_apply, Outcome, Retention};
+use super::{open_for_writing, purge, StoreError};
+use crate::clock::SharedClock;
+use crate::domain::NormalizedEvent;
+
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    pub db_path: PathBuf,
+    /// Most deliveries committed by one transaction.
+    pub batch_max: usize,
+    /// Deliveries waiting for the writer before new ones get 503.
+    pub queue_capacity: usize,
+    pub retention: Retention,
+    pub busy_timeout: Duration,
+}
+
+/// Why a write did not happen. Every variant means "not committed": the caller answers 503.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("the write queue is full")]
+    QueueFull,
+    #[error("the writer is not running")]
+    WriterGone,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+enum Job {
+    Record {
+        event: NormalizedEvent,
+        payload: String,
+        reply: oneshot::Sender<Result<Outcome, WriteError>>,
+        span: Span,
+    },
+    PurgeBatch {
+        limit: usize,
+        reply: oneshot::Sender<Result<usize, WriteError>>,
+    },
+    Shutdown,
+}
+
+/// A handle to the writer thread; cheap to clone.
+#[derive(Clone)]
+pub struct Writer {
+    queue: SyncSender<Job>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Writer {
+    /// Opens the database (creating it and applying the schema) and starts the writer thread.
+    pub fn start(config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
+        // Open once here so a bad path or a too-new schema fails startup, not the first delivery.
+        let conn = open_for_writing(&config.db_path, config.busy_timeout)?;
+        let (queue, jobs) = mpsc::sync_channel(config.queue_capacity.max(1));
+        let thread = std::thread::Builder::new()
+            .name("sekali-writer".into())
+            .spawn(move || run(conn, jobs, config, clock))
+            .expect("spawning the writer thread");
+        Ok(Writer {
+            queue,
+            thread: Arc::new(Mutex::new(Some(thread))),
+        })
+    }
+
+    /// Claims `event` and applies its effects; resolves after the COMMIT that contains it.
+    pub async fn record(
+        &self,
+        event: NormalizedEvent,
+        payload: String,
+    ) -> Result<Outcome, WriteError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Record {
+            event,
+            payload,
+            reply,
+            span: Span::current(),
+        };
+        self.submit(job)?;
+        answer.await.unwrap_or(Err(WriteError::WriterGone))
+    }
+
+    /// Deletes up to `limit` expired event ids in one transaction; returns how many.
+    pub async fn purge_batch(&self, limit: usize) -> Result<usize, WriteError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Job::PurgeBatch { limit, reply })?;
+        answer.await.unwrap_or(Err(WriteError::WriterGone))
+    }
+
+    fn submit(&self, job: Job) -> Result<(), WriteError> {
+        self.queue.try_send(job).map_err(|e| match e {
+            TrySendError::Full(_) => WriteError::QueueFull,
+            TrySendError::Disconnected(_) => WriteError::WriterGone,
+        })
+    }
+
+    /// Lets the writer finish everything already queued, then stops it and waits. Blocking.
+    pub fn shutdown(&self) {
+        // `send` (not try_send): wait for room so the request cannot be lost on a full queue.
+        let _ = self.queue.send(Job::Shutdown);
+        if let Some(thread) = self.thread.lock().expect("writer thread lock").take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run(mut conn: Connection, jobs: Receiver<Job>, config: WriterConfig, clock: SharedClock) {
+    let batch_max = config.batch_max.max(1);
+    let mut batch = Vec::with_capacity(batch_max);
+    let mut shutting_down = false;
+    while !shutting_down {
+        match jobs.recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break, // every handle dropped
+        }
+        // Take what is already queued, without waiting for more.
+        while batch.len() < batch_max {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut records = Vec::with_capacity(batch.len());
+        let mut others = Vec::new();
+        for job in batch.drain(..) {
+            match job {
+                Job::Record { .. } => records.push(job),
+                Job::Shutdown => shutting_down = true,
+                other => others.push(other),
+            }
+        }
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            if !records.is_empty() {
+                commit_batch(&conn, records, clock.now_unix(), &config.retention);
+            }
+            for job in others {
+                if let Job::PurgeBatch { limit, reply } = job {
+                    let result = purge::purge_batch_in_transaction(&conn, clock.now_unix(), limit)
+                        .map_err(|e| WriteError::Store(e.into()));
+                    let _ = reply.send(result);
+                }
+            }
+        }));
+        if outcome.is_err() {
+            // The jobs of the panicking batch were dropped during unwinding, so their callers
+            // got WriterGone (503). Start again from a fresh connection.
+            tracing::error!("the writer panicked; reopening its connection");
+            let _ = conn.execute_batch("ROLLBACK");
+            conn = reopen(&config);
+        }
+    }
+    // Drain what arrived before the shutdown request was seen, so no accepted delivery is
+    // left without an answer.
+    loop {
+        match jobs.recv_timeout(Duration::from_millis(0)) {
+            Ok(job @ Job::Record { .. }) => {
+                commit_batch(&conn, vec![job], clock.now_unix(), &config.retention)
+            }
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    tracing::debug!("writer stopped");
+}
+
+fn reopen(config: &WriterConfig) -> Connection {
+    loop {
+        match open_for_writing(&config.db_path, config.busy_timeout) {
+            Ok(conn) => return conn,
+            Err(e) => {
+                tracing::error!(error = ?e, "reopening the write connection failed; retrying in 1s");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// One transaction for all of `records`, one savepoint each; answers after COMMIT.
+fn commit_batch(conn: &Connection, records: Vec<Job>, now_unix: i64, retention: &Retention) {
+    let mut answers: Vec<(
+        oneshot::Sender<Result<Outcome, WriteError>>,
+        Result<Outcome, StoreError>,
+        Span,
+    )> = Vec::with_capacity(records.len());
+
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        fail_all(records, &StoreError::from(e));
+        return;
+    }
+    for job in records {
+        let Job::Record {
+            event,
+            payload,
+            reply,
+            span,
+        } = job
+        else {
+            continue;
+        };
+        let result =
+            span.in_scope(|| record_in_savepoint(conn, &event, &payload, now_unix, retention));
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back by itself (it does on SQLITE_FULL,
+            // SQLITE_IOERR and similar): nothing in this batch is committed.
+            let error = match result {
+                Err(e) => e,
+                Ok(_) => StoreError::Sqlite(rusqlite::Error::InvalidQuery),
+            };
+            tracing::error!(error = ?error, "the transaction was rolled back by SQLite");
+            let _ = reply.send(Err(error.into()));
+            for (reply, _, _) in answers {
+                let _ = reply.send(Err(WriteError::Store(transaction_lost())));
+            }
+            return;
+        }
+        answers.push((reply, result, span));
+    }
+    if let Err(e) = conn.execute_batch("COMMIT") {
+        let error = StoreError::from(e);
+        tracing::error!(error = ?error, "COMMIT failed; every delivery in the batch gets 503");
+        let _ = conn.execute_batch("ROLLBACK");
+        for (reply, _, _) in answers {
+            let _ = reply.send(Err(WriteError::Store(transaction_lost())));
+        }
+        return;
+    }
+    for (reply, result, _span) in answers {
+        // The caller may have gone (client disconnected); the event is committed regardless and
+        // a redelivery will be answered as a duplicate.
+        let _ = reply.send(result.map_err(WriteError::from));
+    }
+}
+
+fn record_in_savepoint(
+    conn: &Connection,
+    event: &NormalizedEvent,
+    payload: &str,
+    now_unix: i64,
+    retention: &Retention,
+) -> Result<Outcome, StoreError> {
+    conn.prepare_cached("SAVEPOINT delivery")?.execute([])?;
+    let result = record_event_and_apply(conn, event, payload, now_unix, retention);
+    let keep = matches!(result, Ok(outcome) if outcome != Outcome::Duplicate);
+    if !conn.is_autocommit() {
+        if !keep {
+            conn.prepare_cached("ROLLBACK TO delivery")?.execute([])?;
+        }
+        conn.prepare_cached("RELEASE delivery")?.execute([])?;
+    }
+    if let Err(e) = &result {
+        tracing::error!(error = ?e, "delivery failed and was rolled back alone");
+    }
+    result
+}
+
+fn transaction_lost() -> StoreError {
+    StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+        Some("the batch transaction did not commit".into()),
+    ))
+}
+
+fn fail_all(records: Vec<Job>, error: &StoreError) {
+    tracing::error!(error = ?error, "could not begin the write transaction");
+    for job in records {
+        if let Job::Record { reply, .. } = job {
+            let _ = reply.send(Err(WriteError::Store(transaction_lost())));
+        }
+    }
+}

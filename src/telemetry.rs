@@ -1,0 +1,14 @@
+//! Logging: `tracing` to stderr, verbosity from `RUST_LOG` (default `info`).
+//!
+//! What is never logged: secrets, signature values, raw bodies, customer emails. Per-delivery
+//! detail is at `debug`; `info` carries rejections and lifecycle events only.
+
+use tracing_subscriber::EnvFilter;
+
+pub fn init() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
