@@ -22,6 +22,9 @@ pub enum WebhookError {
     MidtransSignature(#[from] midtrans::SignatureError),
     #[error(transparent)]
     Payload(#[from] PayloadError),
+    /// The writer's queue is full: back off and retry (backpressure instead of unbounded memory).
+    #[error("too many deliveries in flight; retry later")]
+    Overloaded,
     /// Our own fault; the body stays opaque and the cause goes to the log.
     #[error("temporarily unable to record the event; retry later")]
     Unavailable(#[source] WriteError),
@@ -54,13 +57,13 @@ impl ResponseError for WebhookError {
                 | stripe::SignatureError::NoMatchingSignature => StatusCode::UNAUTHORIZED,
             },
             MidtransSignature(_) => StatusCode::UNAUTHORIZED,
-            Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Overloaded | Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
         let mut response = HttpResponse::build(self.status_code());
-        if let WebhookError::Unavailable(_) = self {
+        if let WebhookError::Unavailable(_) | WebhookError::Overloaded = self {
             response.insert_header((header::RETRY_AFTER, "1"));
         }
         if let WebhookError::PayloadTooLarge { .. } = self {

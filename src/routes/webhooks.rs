@@ -5,7 +5,7 @@ use tracing::field::Empty;
 use super::{AppState, WebhookError};
 use crate::domain::{NormalizedEvent, Provider};
 use crate::providers::{midtrans, stripe, PayloadError};
-use crate::store::Outcome;
+use crate::store::{Outcome, WriteError};
 
 pub async fn stripe_webhook(
     req: HttpRequest,
@@ -121,7 +121,10 @@ async fn record(
         .writer
         .record(event, payload)
         .await
-        .map_err(WebhookError::Unavailable)?;
+        .map_err(|e| match e {
+            WriteError::QueueFull => WebhookError::Overloaded,
+            other => WebhookError::Unavailable(other),
+        })?;
     Ok((outcome, event_id))
 }
 
@@ -138,6 +141,8 @@ fn respond(span: &tracing::Span, result: Result<(Outcome, String), WebhookError>
             use actix_web::ResponseError;
             if let WebhookError::Unavailable(_) = error {
                 tracing::error!(error = ?error, "delivery not recorded");
+            } else if let WebhookError::Overloaded = error {
+                tracing::warn!("write queue full; answered 503");
             } else {
                 tracing::info!(status = error.status_code().as_u16(), error = %error, "delivery rejected");
             }

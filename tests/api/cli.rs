@@ -1,0 +1,180 @@
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::helpers::*;
+
+fn fixture_path(name: &str) -> String {
+    format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[actix_web::test]
+async fn replay_signs_fixtures_like_the_provider_and_the_server_records_them() {
+    let app = spawn_app().await;
+    let url = format!("{}/webhooks/stripe", app.address);
+    let bin = sekali_bin();
+    let output = actix_web::rt::task::spawn_blocking(move || {
+        Command::new(bin)
+            .args(["replay", "--url", &url])
+            .arg(fixture_path("stripe/payment_intent.succeeded.json"))
+            .arg(fixture_path("stripe/payment_intent.succeeded.json"))
+            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(lines[0].ends_with(r#"payment_intent.succeeded.json: 200 {"event_id":"evt_1QA0002succeeded000001","status":"processed"}"#), "{stdout}");
+    assert!(
+        lines[1].ends_with(r#"{"event_id":"evt_1QA0002succeeded000001","status":"duplicate"}"#),
+        "{stdout}"
+    );
+
+    let url = format!("{}/webhooks/midtrans", app.address);
+    let output = actix_web::rt::task::spawn_blocking(move || {
+        Command::new(bin)
+            .args(["replay", "--url", &url])
+            .arg(fixture_path("midtrans/settlement.json"))
+            .env("MIDTRANS_SERVER_KEY", MIDTRANS_KEY)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(app.order_status("ORDER-2001").as_deref(), Some("paid"));
+}
+
+#[actix_web::test]
+async fn replay_with_the_wrong_secret_shows_the_rejection_and_fails() {
+    let app = spawn_app().await;
+    let url = format!("{}/webhooks/stripe", app.address);
+    let output = actix_web::rt::task::spawn_blocking(move || {
+        Command::new(sekali_bin())
+            .args(["replay", "--url", &url])
+            .arg(fixture_path("stripe/payment_intent.succeeded.json"))
+            .env("STRIPE_WEBHOOK_SECRET", "whsec_not_the_servers")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stdout)
+        .contains(r#"401 {"error":"no signature matches any configured secret"}"#));
+}
+
+#[actix_web::test]
+async fn events_list_and_show_inspect_what_was_processed() {
+    let app = spawn_app().await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+    app.deliver_midtrans("settlement").await;
+
+    let list = Command::new(sekali_bin())
+        .args(["events", "list", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(list.status.success(), "{list:?}");
+    let stdout = String::from_utf8_lossy(&list.stdout);
+    assert!(stdout.contains("evt_1QA0002succeeded000001"), "{stdout}");
+    assert!(
+        stdout.contains("ORDER-2001:settlement:200:accept"),
+        "{stdout}"
+    );
+
+    let only_midtrans = Command::new(sekali_bin())
+        .args(["events", "list", "--provider", "midtrans", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&only_midtrans.stdout);
+    assert!(
+        !stdout.contains("evt_1QA0002succeeded000001") && stdout.contains("ORDER-2001"),
+        "{stdout}"
+    );
+
+    let show = Command::new(sekali_bin())
+        .args(["events", "show", "evt_1QA0002succeeded000001", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&show.stdout);
+    assert!(stdout.contains("outcome:           processed"), "{stdout}");
+    assert!(stdout.contains("order_id:          ord_1001"), "{stdout}");
+    let stored_body = String::from_utf8(fixture("stripe/payment_intent.succeeded.json")).unwrap();
+    assert!(
+        stdout.contains(stored_body.trim_end()),
+        "the payload is shown exactly as received"
+    );
+
+    let missing = Command::new(sekali_bin())
+        .args(["events", "show", "evt_nope", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no stored event with id evt_nope"));
+}
+
+#[test]
+fn serve_refuses_to_start_without_any_provider_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(sekali_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.path().join("s.db"))
+        .env_remove("STRIPE_WEBHOOK_SECRET")
+        .env_remove("MIDTRANS_SERVER_KEY")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("refusing to start: no provider is configured"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_stops_gracefully_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(sekali_bin())
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+        .arg(dir.path().join("s.db"))
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .env_remove("MIDTRANS_SERVER_KEY")
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut up = false;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            up = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(up, "the server listens");
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("sekali stopped"), "{stderr}");
+    assert!(
+        !stderr.contains(STRIPE_SECRET),
+        "the secret is never logged"
+    );
+}

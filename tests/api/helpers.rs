@@ -1,0 +1,226 @@
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use rusqlite::{Connection, OpenFlags};
+pub use sekali::clock::Clock;
+use sekali::clock::{ManualClock, SystemClock};
+use sekali::config::{Secrets, Settings};
+use sekali::providers::{midtrans, stripe};
+use sekali::startup::Application;
+use serde_json::Value;
+use tempfile::TempDir;
+
+pub const STRIPE_SECRET: &str = "whsec_test_c2VrYWxpLXRlc3Qtc2VjcmV0LW9uZQ";
+pub const STRIPE_SECRET_NEXT: &str = "whsec_test_c2VrYWxpLXRlc3Qtc2VjcmV0LXR3bw";
+pub const MIDTRANS_KEY: &str = "SB-Mid-server-sekali-test-key";
+
+pub struct TestApp {
+    pub address: String,
+    pub port: u16,
+    pub db_path: PathBuf,
+    pub clock: Arc<ManualClock>,
+    pub client: awc::Client,
+    handle: ServerHandle,
+    _dir: TempDir,
+}
+
+/// A server with both providers configured, its clock at the real current time.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// Like [`spawn_app`], with settings adjusted by `adjust` before the server is built.
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db_path = dir.path().join("sekali.db");
+    let secrets = Secrets::from_values(Some(STRIPE_SECRET), Some(MIDTRANS_KEY));
+    let mut settings = Settings::new("127.0.0.1:0", &db_path, secrets);
+    settings.workers = 2;
+    settings.handle_signals = false;
+    settings.shutdown_timeout = Duration::from_secs(5);
+    adjust(&mut settings);
+    let clock = ManualClock::new(SystemClock.now_unix());
+    let app = Application::build(settings, clock.clone()).expect("the app builds");
+    let port = app.port();
+    let handle = app.handle();
+    actix_web::rt::spawn(app.run_until_stopped());
+    TestApp {
+        address: format!("http://127.0.0.1:{port}"),
+        port,
+        db_path,
+        clock,
+        client: awc::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .finish(),
+        handle,
+        _dir: dir,
+    }
+}
+
+pub fn fixture(name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+pub fn stripe_header(body: &[u8], timestamp: i64) -> String {
+    stripe::signature_header(&[STRIPE_SECRET], timestamp, body)
+}
+
+pub fn sign_midtrans(body: &[u8]) -> Vec<u8> {
+    midtrans::with_signature_key(body, MIDTRANS_KEY).expect("a Midtrans notification")
+}
+
+/// A response's status and JSON body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Answer {
+    pub fn outcome(&self) -> &str {
+        self.body["status"].as_str().unwrap_or("<none>")
+    }
+
+    pub fn error(&self) -> &str {
+        self.body["error"].as_str().unwrap_or("<none>")
+    }
+}
+
+impl TestApp {
+    pub async fn post(&self, path: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Answer {
+        let mut request = self
+            .client
+            .post(format!("{}{path}", self.address))
+            .insert_header(("Content-Type", "application/json"));
+        for (name, value) in headers {
+            request = request.insert_header((*name, *value));
+        }
+        let mut response = request
+            .send_body(body)
+            .await
+            .expect("the request is answered");
+        let status = response.status().as_u16();
+        let bytes = response.body().limit(1 << 20).await.expect("a body");
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Answer { status, body }
+    }
+
+    /// POSTs `body` to the Stripe route with `header` as Stripe-Signature (if any).
+    pub async fn post_stripe(&self, body: &[u8], header: Option<&str>) -> Answer {
+        match header {
+            Some(h) => {
+                self.post(
+                    "/webhooks/stripe",
+                    body.to_vec(),
+                    &[("Stripe-Signature", h)],
+                )
+                .await
+            }
+            None => self.post("/webhooks/stripe", body.to_vec(), &[]).await,
+        }
+    }
+
+    /// Signs `body` at the server's current time, as Stripe would, and delivers it.
+    pub async fn deliver_stripe_body(&self, body: &[u8]) -> Answer {
+        let header = stripe_header(body, self.clock.now_unix());
+        self.post_stripe(body, Some(&header)).await
+    }
+
+    pub async fn deliver_stripe(&self, fixture_name: &str) -> Answer {
+        self.deliver_stripe_body(&fixture(&format!("stripe/{fixture_name}.json")))
+            .await
+    }
+
+    pub async fn deliver_midtrans(&self, fixture_name: &str) -> Answer {
+        let body = sign_midtrans(&fixture(&format!("midtrans/{fixture_name}.json")));
+        self.post("/webhooks/midtrans", body, &[]).await
+    }
+
+    /// A read-only connection to the server's database file.
+    pub fn db(&self) -> Connection {
+        Connection::open_with_flags(&self.db_path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open db")
+    }
+
+    pub fn count(&self, sql: &str) -> i64 {
+        self.db().query_row(sql, [], |row| row.get(0)).expect(sql)
+    }
+
+    /// (processed_events, orders, email_outbox) row counts.
+    pub fn row_counts(&self) -> (i64, i64, i64) {
+        (
+            self.count("SELECT count(*) FROM processed_events"),
+            self.count("SELECT count(*) FROM orders"),
+            self.count("SELECT count(*) FROM email_outbox"),
+        )
+    }
+
+    pub fn order_status(&self, order_id: &str) -> Option<String> {
+        sekali::store::reads::order_status(&self.db(), order_id).unwrap()
+    }
+
+    pub fn order(&self, order_id: &str) -> (String, i64, i64) {
+        self.db()
+            .query_row(
+                "SELECT status, amount, refunded_amount FROM orders WHERE order_id = ?1",
+                [order_id],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+            .unwrap_or_else(|e| panic!("order {order_id}: {e}"))
+    }
+
+    pub fn outbox_templates(&self, order_id: &str) -> Vec<String> {
+        let conn = self.db();
+        let mut stmt = conn
+            .prepare("SELECT template FROM email_outbox WHERE order_id = ?1 ORDER BY id")
+            .unwrap();
+        stmt.query_map([order_id], |row| row.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    pub async fn stop(&self) {
+        self.handle.stop(true).await;
+    }
+}
+
+/// The Stripe fixtures in the order their lifecycles happen.
+pub const STRIPE_IN_ORDER: [(&str, &str); 11] = [
+    ("payment_intent.processing", "processed"),
+    ("payment_intent.succeeded", "processed"),
+    ("charge.refunded.partial", "processed"),
+    ("charge.refunded.full", "processed"),
+    ("payment_intent.payment_failed", "processed"),
+    ("checkout.session.completed", "processed"),
+    ("charge.dispute.created", "processed"),
+    ("checkout.session.completed.unpaid", "processed"),
+    ("checkout.session.async_payment_succeeded", "processed"),
+    ("checkout.session.async_payment_failed", "processed"),
+    ("customer.created", "ignored"),
+];
+
+/// The Midtrans fixtures in the order their lifecycles happen.
+pub const MIDTRANS_IN_ORDER: [&str; 11] = [
+    "pending",
+    "settlement",
+    "partial_refund.1",
+    "partial_refund.2",
+    "capture.challenge",
+    "capture.accept",
+    "refund",
+    "deny",
+    "cancel",
+    "expire",
+    "failure",
+];
+
+/// Path of the built `sekali` binary.
+pub fn sekali_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_sekali")
+}

@@ -1,0 +1,11 @@
+//! Black-box tests: the real HTTP server on port 0 with a temporary SQLite file, driven over
+//! HTTP, and the real `sekali` binary for the commands.
+
+mod cli;
+mod concurrency;
+mod helpers;
+mod limits;
+mod midtrans;
+mod ordering;
+mod purge;
+mod stripe;

@@ -1,0 +1,163 @@
+use crate::helpers::*;
+
+#[actix_web::test]
+async fn midtrans_lifecycle_with_two_partial_refunds() {
+    let app = spawn_app().await;
+    for name in [
+        "pending",
+        "settlement",
+        "partial_refund.1",
+        "partial_refund.2",
+    ] {
+        assert_eq!(
+            app.deliver_midtrans(name).await.outcome(),
+            "processed",
+            "{name}"
+        );
+    }
+    assert_eq!(
+        app.order("ORDER-2001"),
+        ("partially_refunded".into(), 15_000_000, 7_500_000)
+    );
+    assert_eq!(
+        app.outbox_templates("ORDER-2001"),
+        ["receipt", "refund_notice", "refund_notice"]
+    );
+    let ids: Vec<String> = {
+        let conn = app.db();
+        let mut stmt = conn
+            .prepare("SELECT event_id FROM processed_events ORDER BY rowid")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert_eq!(
+        ids,
+        [
+            "ORDER-2001:pending:201:accept",
+            "ORDER-2001:settlement:200:accept",
+            "ORDER-2001:partial_refund:200:accept:rf-ORDER-2001-1",
+            "ORDER-2001:partial_refund:200:accept:rf-ORDER-2001-2",
+        ]
+    );
+}
+
+#[actix_web::test]
+async fn capture_challenge_then_accept_is_two_events_ending_paid() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.deliver_midtrans("capture.challenge").await.outcome(),
+        "processed"
+    );
+    assert_eq!(app.order_status("ORDER-2002").as_deref(), Some("pending"));
+    assert_eq!(
+        app.deliver_midtrans("capture.accept").await.outcome(),
+        "processed"
+    );
+    assert_eq!(app.order("ORDER-2002"), ("paid".into(), 27_500_000, 0));
+}
+
+#[actix_web::test]
+async fn each_midtrans_status_maps_to_its_order_status() {
+    let app = spawn_app().await;
+    for (name, order, status) in [
+        ("deny", "ORDER-2003", "cancelled"),
+        ("cancel", "ORDER-2004", "cancelled"),
+        ("expire", "ORDER-2005", "expired"),
+        ("failure", "ORDER-2006", "failed"),
+        ("refund", "ORDER-2002", "refunded"),
+    ] {
+        assert_eq!(
+            app.deliver_midtrans(name).await.outcome(),
+            "processed",
+            "{name}"
+        );
+        assert_eq!(app.order_status(order).as_deref(), Some(status), "{name}");
+    }
+}
+
+#[actix_web::test]
+async fn a_wrong_signature_key_is_rejected_and_stores_nothing() {
+    let app = spawn_app().await;
+    let body = midtrans_with_key(
+        &fixture("midtrans/settlement.json"),
+        "SB-Mid-server-not-ours",
+    );
+    let answer = app.post("/webhooks/midtrans", body, &[]).await;
+    assert_eq!(answer.status, 401);
+    assert_eq!(answer.error(), "signature_key does not match");
+    // The committed fixture is signed with the fixture key, not ours.
+    let answer = app
+        .post(
+            "/webhooks/midtrans",
+            fixture("midtrans/settlement.json"),
+            &[],
+        )
+        .await;
+    assert_eq!(answer.status, 401);
+    assert_eq!(app.row_counts(), (0, 0, 0));
+}
+
+#[actix_web::test]
+async fn a_changed_amount_breaks_the_signature() {
+    let app = spawn_app().await;
+    let signed = String::from_utf8(sign_midtrans(&fixture("midtrans/settlement.json"))).unwrap();
+    let forged = signed.replace("150000.00", "1500.00");
+    assert_ne!(signed, forged);
+    let answer = app
+        .post("/webhooks/midtrans", forged.into_bytes(), &[])
+        .await;
+    assert_eq!(answer.status, 401);
+    assert_eq!(app.row_counts(), (0, 0, 0));
+}
+
+#[actix_web::test]
+async fn missing_fields_and_invalid_json_are_400s_naming_the_problem() {
+    let app = spawn_app().await;
+    let answer = app
+        .post("/webhooks/midtrans", b"not json".to_vec(), &[])
+        .await;
+    assert_eq!(answer.status, 400);
+    assert!(
+        answer.error().starts_with("invalid JSON"),
+        "{}",
+        answer.error()
+    );
+
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&fixture("midtrans/settlement.json")).unwrap();
+    value.as_object_mut().unwrap().remove("signature_key");
+    let answer = app
+        .post(
+            "/webhooks/midtrans",
+            serde_json::to_vec(&value).unwrap(),
+            &[],
+        )
+        .await;
+    assert_eq!(answer.status, 400);
+    assert_eq!(
+        answer.error(),
+        "invalid event: missing field `signature_key`"
+    );
+    assert_eq!(app.row_counts(), (0, 0, 0));
+}
+
+#[actix_web::test]
+async fn a_midtrans_retry_of_the_same_notification_is_a_duplicate() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "processed"
+    );
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "duplicate"
+    );
+    assert_eq!(app.row_counts(), (1, 1, 1));
+}
+
+fn midtrans_with_key(body: &[u8], key: &str) -> Vec<u8> {
+    sekali::providers::midtrans::with_signature_key(body, key).unwrap()
+}

@@ -1,0 +1,159 @@
+use std::process::Command;
+use std::time::Duration;
+
+use crate::helpers::*;
+
+const DAY: i64 = 24 * 3600;
+
+#[actix_web::test]
+async fn a_redelivery_just_before_expiry_is_a_duplicate_and_after_it_is_new() {
+    let app = spawn_app().await;
+    let start = app.clock.now_unix();
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "processed"
+    );
+
+    app.clock.set(start + 7 * DAY - 1);
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "duplicate"
+    );
+
+    // Past the retention the id counts as absent even before a purge removes it: the delivery
+    // is treated as new (the order is already paid, so it changes nothing).
+    app.clock.set(start + 7 * DAY);
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "processed"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM processed_events"), 1);
+    assert_eq!(
+        app.outbox_templates("ORDER-2001"),
+        ["receipt"],
+        "no second receipt"
+    );
+}
+
+#[actix_web::test]
+async fn the_purge_command_removes_only_expired_ids_and_keeps_orders() {
+    let app = spawn_app().await;
+    let now = app.clock.now_unix();
+    app.clock.set(now - 31 * DAY); // Stripe id expired a day ago
+    app.deliver_stripe_body(&fixture("stripe/payment_intent.processing.json"))
+        .await;
+    app.clock.set(now - 8 * DAY); // Midtrans id expired a day ago
+    app.deliver_midtrans("settlement").await;
+    app.clock.set(now - 6 * DAY); // Midtrans id still live
+    app.deliver_midtrans("capture.accept").await;
+    app.clock.set(now - 29 * DAY + 60); // Stripe id still live
+    app.deliver_stripe("checkout.session.completed").await;
+    app.stop().await;
+    let before = app.row_counts();
+    assert_eq!(before.0, 4);
+
+    let output = Command::new(sekali_bin())
+        .args(["purge", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "purged 2 expired event ids\n"
+    );
+
+    let after = app.row_counts();
+    assert_eq!(
+        after,
+        (2, before.1, before.2),
+        "orders and outbox rows are never purged"
+    );
+    let ids: Vec<String> = {
+        let conn = app.db();
+        let mut stmt = conn
+            .prepare("SELECT event_id FROM processed_events ORDER BY event_id")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert_eq!(
+        ids,
+        [
+            "ORDER-2002:capture:200:accept",
+            "evt_1QA0006checkoutpaid001"
+        ]
+    );
+}
+
+#[actix_web::test]
+async fn parked_events_survive_the_purge() {
+    let app = spawn_app().await;
+    let now = app.clock.now_unix();
+    app.clock.set(now - 40 * DAY);
+    assert_eq!(
+        app.deliver_stripe("charge.refunded.partial")
+            .await
+            .outcome(),
+        "parked"
+    );
+    app.stop().await;
+    let output = Command::new(sekali_bin())
+        .args(["purge", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "purged 0 expired event ids\n"
+    );
+}
+
+#[actix_web::test]
+async fn the_purge_job_runs_on_its_interval_in_batches() {
+    let app = spawn_app_with(|s| {
+        s.purge_interval = Duration::from_millis(100);
+        s.purge_batch = 2; // several batches for one pass
+    })
+    .await;
+    let start = app.clock.now_unix();
+    for name in MIDTRANS_IN_ORDER {
+        app.deliver_midtrans(name).await;
+    }
+    app.clock.set(start + 3 * DAY);
+    app.deliver_stripe("payment_intent.processing").await;
+    assert_eq!(app.count("SELECT count(*) FROM processed_events"), 12);
+
+    app.clock.set(start + 7 * DAY); // every Midtrans id expires, the Stripe one does not
+    let mut remaining = 12;
+    for _ in 0..100 {
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+        remaining = app.count("SELECT count(*) FROM processed_events");
+        if remaining == 1 {
+            break;
+        }
+    }
+    assert_eq!(remaining, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM orders"),
+        7,
+        "orders are kept"
+    );
+}
+
+#[test]
+fn purging_a_database_that_does_not_exist_is_an_error_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing.db");
+    let output = Command::new(sekali_bin())
+        .args(["purge", "--db"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    assert!(!path.exists());
+}
