@@ -242,6 +242,29 @@ impl Notification {
     }
 }
 
+/// Returns `body` with its `signature_key` set for `server_key`, as Midtrans would send it (used
+/// by `sekali replay` and the tests; the signature does not cover the formatting, so the body is
+/// re-serialised).
+pub fn with_signature_key(body: &[u8], server_key: &str) -> Result<Vec<u8>, String> {
+    let mut value: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let object = value.as_object_mut().ok_or("not a JSON object")?;
+    let text = |name: &str| -> Result<String, String> {
+        match object.get(name) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+            _ => Err(format!("missing field `{name}`")),
+        }
+    };
+    let signature = compute_signature_key(
+        &text("order_id")?,
+        &text("status_code")?,
+        &text("gross_amount")?,
+        server_key,
+    );
+    object.insert("signature_key".into(), serde_json::Value::String(signature));
+    serde_json::to_vec_pretty(&value).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,27 +322,4 @@ mod tests {
         );
         assert_eq!(accept.normalise().change.unwrap().target, OrderStatus::Paid);
     }
-}
-
-/// Returns `body` with its `signature_key` set for `server_key`, as Midtrans would send it (used
-/// by `sekali replay` and the tests; the signature does not cover the formatting, so the body is
-/// re-serialised).
-pub fn with_signature_key(body: &[u8], server_key: &str) -> Result<Vec<u8>, String> {
-    let mut value: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-    let object = value.as_object_mut().ok_or("not a JSON object")?;
-    let text = |name: &str| -> Result<String, String> {
-        match object.get(name) {
-            Some(serde_json::Value::String(s)) => Ok(s.clone()),
-            Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
-            _ => Err(format!("missing field `{name}`")),
-        }
-    };
-    let signature = compute_signature_key(
-        &text("order_id")?,
-        &text("status_code")?,
-        &text("gross_amount")?,
-        server_key,
-    );
-    object.insert("signature_key".into(), serde_json::Value::String(signature));
-    serde_json::to_vec_pretty(&value).map_err(|e| e.to_string())
 }

@@ -12,7 +12,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -48,17 +48,19 @@ pub enum WriteError {
     Store(#[from] StoreError),
 }
 
+type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
+
+/// A delivery waiting for the writer, with the span of the request that sent it.
+struct RecordJob {
+    event: NormalizedEvent,
+    payload: String,
+    reply: Reply<Outcome>,
+    span: Span,
+}
+
 enum Job {
-    Record {
-        event: NormalizedEvent,
-        payload: String,
-        reply: oneshot::Sender<Result<Outcome, WriteError>>,
-        span: Span,
-    },
-    PurgeBatch {
-        limit: usize,
-        reply: oneshot::Sender<Result<usize, WriteError>>,
-    },
+    Record(Box<RecordJob>),
+    PurgeBatch { limit: usize, reply: Reply<usize> },
     Shutdown,
 }
 
@@ -92,13 +94,13 @@ impl Writer {
         payload: String,
     ) -> Result<Outcome, WriteError> {
         let (reply, answer) = oneshot::channel();
-        let job = Job::Record {
+        let job = RecordJob {
             event,
             payload,
             reply,
             span: Span::current(),
         };
-        self.submit(job)?;
+        self.submit(Job::Record(Box::new(job)))?;
         answer.await.unwrap_or(Err(WriteError::WriterGone))
     }
 
@@ -146,7 +148,7 @@ fn run(mut conn: Connection, jobs: Receiver<Job>, config: WriterConfig, clock: S
         let mut others = Vec::new();
         for job in batch.drain(..) {
             match job {
-                Job::Record { .. } => records.push(job),
+                Job::Record(record) => records.push(*record),
                 Job::Shutdown => shutting_down = true,
                 other => others.push(other),
             }
@@ -171,15 +173,11 @@ fn run(mut conn: Connection, jobs: Receiver<Job>, config: WriterConfig, clock: S
             conn = reopen(&config);
         }
     }
-    // Drain what arrived before the shutdown request was seen, so no accepted delivery is
-    // left without an answer.
-    loop {
-        match jobs.recv_timeout(Duration::from_millis(0)) {
-            Ok(job @ Job::Record { .. }) => {
-                commit_batch(&conn, vec![job], clock.now_unix(), &config.retention)
-            }
-            Ok(_) => {}
-            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
+    // Commit what was queued behind the shutdown request. Anything sent after this loop is
+    // dropped with the receiver, so its caller gets WriterGone (503), never silence.
+    while let Ok(job) = jobs.try_recv() {
+        if let Job::Record(record) = job {
+            commit_batch(&conn, vec![*record], clock.now_unix(), &config.retention);
         }
     }
     tracing::debug!("writer stopped");
@@ -198,81 +196,81 @@ fn reopen(config: &WriterConfig) -> Connection {
 }
 
 /// One transaction for all of `records`, one savepoint each; answers after COMMIT.
-fn commit_batch(conn: &Connection, records: Vec<Job>, now_unix: i64, retention: &Retention) {
-    let mut answers: Vec<(
-        oneshot::Sender<Result<Outcome, WriteError>>,
-        Result<Outcome, StoreError>,
-        Span,
-    )> = Vec::with_capacity(records.len());
-
+fn commit_batch(conn: &Connection, records: Vec<RecordJob>, now_unix: i64, retention: &Retention) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        fail_all(records, &StoreError::from(e));
+        tracing::error!(error = ?StoreError::from(e), "could not begin the write transaction");
+        fail_all(records.into_iter().map(|job| job.reply));
         return;
     }
-    for job in records {
-        let Job::Record {
-            event,
-            payload,
-            reply,
-            span,
-        } = job
-        else {
-            continue;
-        };
+    let mut answers: Vec<(Reply<Outcome>, Result<Outcome, StoreError>)> =
+        Vec::with_capacity(records.len());
+    for RecordJob {
+        event,
+        payload,
+        reply,
+        span,
+    } in records
+    {
         let result =
             span.in_scope(|| record_in_savepoint(conn, &event, &payload, now_unix, retention));
-        if conn.is_autocommit() {
-            // SQLite rolled the whole transaction back by itself (it does on SQLITE_FULL,
-            // SQLITE_IOERR and similar): nothing in this batch is committed.
-            let error = match result {
-                Err(e) => e,
-                Ok(_) => StoreError::Sqlite(rusqlite::Error::InvalidQuery),
-            };
-            tracing::error!(error = ?error, "the transaction was rolled back by SQLite");
-            let _ = reply.send(Err(error.into()));
-            for (reply, _, _) in answers {
-                let _ = reply.send(Err(WriteError::Store(transaction_lost())));
+        match result {
+            Ok(result) => answers.push((reply, result)),
+            Err(broken) => {
+                // The savepoint could not be undone, or SQLite rolled the whole transaction back
+                // by itself (it does on SQLITE_FULL, SQLITE_IOERR and similar): nothing in this
+                // batch may commit.
+                tracing::error!(error = ?broken, "the batch transaction is lost; every delivery in it gets 503");
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                let _ = reply.send(Err(broken.into()));
+                fail_all(answers.into_iter().map(|(reply, _)| reply));
+                return;
             }
-            return;
         }
-        answers.push((reply, result, span));
     }
     if let Err(e) = conn.execute_batch("COMMIT") {
-        let error = StoreError::from(e);
-        tracing::error!(error = ?error, "COMMIT failed; every delivery in the batch gets 503");
-        let _ = conn.execute_batch("ROLLBACK");
-        for (reply, _, _) in answers {
-            let _ = reply.send(Err(WriteError::Store(transaction_lost())));
+        tracing::error!(error = ?StoreError::from(e), "COMMIT failed; every delivery in the batch gets 503");
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
         }
+        fail_all(answers.into_iter().map(|(reply, _)| reply));
         return;
     }
-    for (reply, result, _span) in answers {
+    for (reply, result) in answers {
         // The caller may have gone (client disconnected); the event is committed regardless and
         // a redelivery will be answered as a duplicate.
         let _ = reply.send(result.map_err(WriteError::from));
     }
 }
 
+/// Runs one delivery inside `SAVEPOINT delivery`. The inner result is the delivery's own
+/// (an error there was rolled back alone); the outer error means the enclosing transaction is
+/// no longer usable.
 fn record_in_savepoint(
     conn: &Connection,
     event: &NormalizedEvent,
     payload: &str,
     now_unix: i64,
     retention: &Retention,
-) -> Result<Outcome, StoreError> {
+) -> Result<Result<Outcome, StoreError>, StoreError> {
     conn.prepare_cached("SAVEPOINT delivery")?.execute([])?;
     let result = record_event_and_apply(conn, event, payload, now_unix, retention);
-    let keep = matches!(result, Ok(outcome) if outcome != Outcome::Duplicate);
-    if !conn.is_autocommit() {
-        if !keep {
-            conn.prepare_cached("ROLLBACK TO delivery")?.execute([])?;
-        }
-        conn.prepare_cached("RELEASE delivery")?.execute([])?;
+    if conn.is_autocommit() {
+        return Err(match result {
+            Err(e) => e,
+            Ok(_) => transaction_lost(),
+        });
     }
+    let keep = matches!(result, Ok(outcome) if outcome != Outcome::Duplicate);
+    if !keep {
+        conn.prepare_cached("ROLLBACK TO delivery")?.execute([])?;
+    }
+    conn.prepare_cached("RELEASE delivery")?.execute([])?;
     if let Err(e) = &result {
         tracing::error!(error = ?e, "delivery failed and was rolled back alone");
     }
-    result
+    Ok(result)
 }
 
 fn transaction_lost() -> StoreError {
@@ -282,11 +280,9 @@ fn transaction_lost() -> StoreError {
     ))
 }
 
-fn fail_all(records: Vec<Job>, error: &StoreError) {
-    tracing::error!(error = ?error, "could not begin the write transaction");
-    for job in records {
-        if let Job::Record { reply, .. } = job {
-            let _ = reply.send(Err(WriteError::Store(transaction_lost())));
-        }
+/// Answers 503 to every caller: their deliveries did not commit.
+fn fail_all(replies: impl Iterator<Item = Reply<Outcome>>) {
+    for reply in replies {
+        let _ = reply.send(Err(WriteError::Store(transaction_lost())));
     }
 }

@@ -4,6 +4,7 @@
 mod cli;
 mod concurrency;
 mod helpers;
+mod known_answers;
 mod limits;
 mod midtrans;
 mod ordering;

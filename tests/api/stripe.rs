@@ -175,7 +175,8 @@ async fn forged_and_malformed_deliveries_are_rejected_and_store_nothing() {
     tampered[at] = b'9';
     let wrong_secret = sekali::providers::stripe::signature_header(&["whsec_wrong"], now, &body);
 
-    let cases: Vec<(&str, Vec<u8>, Option<String>, u16, &str)> = vec![
+    type Case<'a> = (&'a str, Vec<u8>, Option<String>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "tampered body",
             tampered,
