@@ -92,6 +92,8 @@ pub struct Settings {
     pub busy_timeout: Duration,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_timeout: Duration,
+    /// A client must send its request head within this time, else 408 (slow-header defence).
+    pub client_request_timeout: Duration,
     /// Install SIGTERM / ctrl-c handlers (off in tests, which stop the server themselves).
     pub handle_signals: bool,
 }
@@ -114,6 +116,7 @@ impl Settings {
             workers: 0,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             shutdown_timeout: Duration::from_secs(30),
+            client_request_timeout: Duration::from_secs(5),
             handle_signals: true,
         }
     }
