@@ -58,6 +58,23 @@ CREATE TABLE IF NOT EXISTS orders (
     last_event_id     TEXT NOT NULL
 );
 
+-- Every status change of every order, in the transaction that made it: the audit trail.
+-- from_status is NULL when the event created the order. One row per change, so
+-- `email_outbox` holds exactly one row per change to a status that has a notice.
+CREATE TABLE IF NOT EXISTS order_transitions (
+    id                INTEGER PRIMARY KEY,
+    order_id          TEXT NOT NULL REFERENCES orders (order_id),
+    from_status       TEXT,
+    to_status         TEXT NOT NULL,
+    -- The order's cumulative refunded amount after the change.
+    refunded_amount   INTEGER NOT NULL,
+    provider          TEXT NOT NULL,
+    event_id          TEXT NOT NULL,
+    changed_at        TEXT NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS order_transitions_order ON order_transitions (order_id, id);
+
 -- Every Stripe PaymentIntent seen with an order; charges and disputes that carry no order id
 -- are resolved through it.
 CREATE TABLE IF NOT EXISTS order_payment_intents (

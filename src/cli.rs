@@ -31,6 +31,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Delete expired event ids now (one purge pass) and print how many.
     Purge(DbArgs),
+    /// Copy the database while sekali runs (SQLite online backup), then check the copy.
+    Backup(BackupArgs),
     /// Sign fixture files as the provider would and POST them to a running sekali.
     Replay(ReplayArgs),
     /// Inspect processed events (read-only).
@@ -80,6 +82,14 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Where to write the copy; must not exist yet.
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
 pub struct ReplayArgs {
     /// The webhook URL, e.g. http://127.0.0.1:8080/webhooks/stripe.
     #[arg(long)]
@@ -119,6 +129,7 @@ pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Purge(args) => purge(args),
+        Command::Backup(args) => backup(args),
         Command::Replay(args) => replay(args),
         Command::Events(command) => events(command),
     }
@@ -166,6 +177,23 @@ fn purge(args: DbArgs) -> ExitCode {
     match result {
         Ok(n) => {
             println!("purged {n} expired event ids");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn backup(args: BackupArgs) -> ExitCode {
+    match store::backup::backup_database(&args.db.db, &args.out, store::DEFAULT_BUSY_TIMEOUT) {
+        Ok(report) => {
+            println!(
+                "backed up {} to {}: {} pages, {} processed events, {} orders, integrity ok",
+                args.db.db.display(),
+                args.out.display(),
+                report.pages,
+                report.processed_events,
+                report.orders
+            );
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),

@@ -94,6 +94,8 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// A client must send its request head within this time, else 408 (slow-header defence).
     pub client_request_timeout: Duration,
+    /// Cap on the database size in pages (see [`crate::store::WriterConfig::max_page_count`]).
+    pub max_page_count: Option<u64>,
     /// Install SIGTERM / ctrl-c handlers (off in tests, which stop the server themselves).
     pub handle_signals: bool,
 }
@@ -117,6 +119,7 @@ impl Settings {
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             shutdown_timeout: Duration::from_secs(30),
             client_request_timeout: Duration::from_secs(5),
+            max_page_count: None,
             handle_signals: true,
         }
     }

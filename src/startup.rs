@@ -45,6 +45,7 @@ impl Application {
                 queue_capacity: settings.queue_capacity,
                 retention: settings.retention(),
                 busy_timeout: settings.busy_timeout,
+                max_page_count: settings.max_page_count,
             },
             clock.clone(),
         )?;

@@ -3,6 +3,8 @@
 //! What is never logged: secrets, signature values, raw bodies, customer emails. Per-delivery
 //! detail is at `debug`; `info` carries rejections and lifecycle events only.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 pub fn init() {
@@ -10,5 +12,7 @@ pub fn init() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal; log files and collectors get plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }

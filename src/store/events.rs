@@ -98,6 +98,9 @@ pub fn record_event_and_apply(
     if claimed == 0 {
         return Ok(Outcome::Duplicate);
     }
+    fail::fail_point!("store::after_claim", |_| Err(StoreError::Injected(
+        "store::after_claim"
+    )));
 
     let (outcome, order_id) = resolve_and_apply(conn, event, &now)?;
     if outcome != Outcome::Processed || order_id.as_deref() != known_order_id {
@@ -109,6 +112,9 @@ pub fn record_event_and_apply(
             order_id.as_deref(),
         )?;
     }
+    fail::fail_point!("store::after_effects", |_| Err(StoreError::Injected(
+        "store::after_effects"
+    )));
     Ok(outcome)
 }
 
@@ -207,6 +213,7 @@ fn apply_change(
                 now,
                 event.event_id,
             ])?;
+                record_transition(conn, event, order_id, None, change.target, now)?;
                 queue_notice(conn, event, order_id, change.target, now)?;
                 Outcome::Processed
             }
@@ -249,6 +256,7 @@ fn move_existing_order(
         && !(target.is_refund() && refunded < row.refunded_amount);
     let outcome = if further_refund || forward {
         update_order(conn, event, change, order_id, now)?;
+        record_transition(conn, event, order_id, Some(row.status), target, now)?;
         queue_notice(conn, event, order_id, target, now)?;
         Outcome::Processed
     } else if target == row.status && !target.is_refund() {
@@ -311,6 +319,31 @@ fn update_order(
         event.payment_intent_id,
         now,
         event.event_id,
+    ])?;
+    Ok(())
+}
+
+/// Appends to the audit trail; called exactly where the order's status or refund changes.
+fn record_transition(
+    conn: &Connection,
+    event: &NormalizedEvent,
+    order_id: &str,
+    from: Option<OrderStatus>,
+    to: OrderStatus,
+    now: &str,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount, provider,
+                                        event_id, changed_at)
+         SELECT order_id, ?2, ?3, refunded_amount, ?4, ?5, ?6 FROM orders WHERE order_id = ?1",
+    )?
+    .execute(params![
+        order_id,
+        from.map(OrderStatus::as_str),
+        to.as_str(),
+        event.provider.as_str(),
+        event.event_id,
+        now
     ])?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! handlers hand it verified deliveries through a bounded queue. Read path: a pool of read-only
 //! connections ([`ReadPool`]). WAL mode lets the two run side by side.
 
+pub mod backup;
 pub mod events;
 pub mod purge;
 pub mod reads;
@@ -35,6 +36,13 @@ pub enum StoreError {
     Pool(#[from] r2d2::Error),
     #[error("the database has schema version {found}; this sekali knows up to {known}")]
     SchemaTooNew { found: i64, known: i64 },
+    /// A fault point fired (tests with the `failpoints` feature only).
+    #[error("fault injected at {0}")]
+    Injected(&'static str),
+    #[error("refusing to overwrite {0}")]
+    Exists(String),
+    #[error("the backup copy failed its integrity check: {0}")]
+    Integrity(String),
     #[error("stored payload could not be re-read: {0}")]
     StoredPayload(#[from] crate::providers::PayloadError),
 }
@@ -75,9 +83,15 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
     if !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(journal_mode = %mode, "could not switch the database to WAL mode");
     }
+    // After a checkpoint the WAL file is truncated back to this size, so a burst does not leave
+    // a large file behind for good.
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
     schema::migrate(&conn)?;
     Ok(conn)
 }
+
+/// See `journal_size_limit` in [`open_for_writing`].
+pub const WAL_SIZE_LIMIT_BYTES: i64 = 32 * 1024 * 1024;
 
 /// Opens an existing database for a maintenance command; a missing file is an error rather
 /// than a new empty database. The schema is brought up to date when `writable`.

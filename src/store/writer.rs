@@ -35,6 +35,9 @@ pub struct WriterConfig {
     pub queue_capacity: usize,
     pub retention: Retention,
     pub busy_timeout: Duration,
+    /// Caps the database at this many pages (`PRAGMA max_page_count`); writes past it fail
+    /// like a full disk. `None`: no cap but the disk's.
+    pub max_page_count: Option<u64>,
 }
 
 /// Why a write did not happen. Every variant means "not committed": the caller answers 503.
@@ -75,7 +78,7 @@ impl Writer {
     /// Opens the database (creating it and applying the schema) and starts the writer thread.
     pub fn start(config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
         // Open once here so a bad path or a too-new schema fails startup, not the first delivery.
-        let conn = open_for_writing(&config.db_path, config.busy_timeout)?;
+        let conn = open_writer_connection(&config)?;
         let (queue, jobs) = mpsc::sync_channel(config.queue_capacity.max(1));
         let thread = std::thread::Builder::new()
             .name("sekali-writer".into())
@@ -183,9 +186,17 @@ fn run(mut conn: Connection, jobs: Receiver<Job>, config: WriterConfig, clock: S
     tracing::debug!("writer stopped");
 }
 
+fn open_writer_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
+    let conn = open_for_writing(&config.db_path, config.busy_timeout)?;
+    if let Some(pages) = config.max_page_count {
+        conn.pragma_update(None, "max_page_count", pages as i64)?;
+    }
+    Ok(conn)
+}
+
 fn reopen(config: &WriterConfig) -> Connection {
     loop {
-        match open_for_writing(&config.db_path, config.busy_timeout) {
+        match open_writer_connection(config) {
             Ok(conn) => return conn,
             Err(e) => {
                 tracing::error!(error = ?e, "reopening the write connection failed; retrying in 1s");
@@ -199,6 +210,11 @@ fn reopen(config: &WriterConfig) -> Connection {
 fn commit_batch(conn: &Connection, records: Vec<RecordJob>, now_unix: i64, retention: &Retention) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         tracing::error!(error = ?StoreError::from(e), "could not begin the write transaction");
+        fail_all(records.into_iter().map(|job| job.reply));
+        return;
+    }
+    if fault_injected("writer::after_begin") {
+        let _ = conn.execute_batch("ROLLBACK");
         fail_all(records.into_iter().map(|job| job.reply));
         return;
     }
@@ -229,12 +245,22 @@ fn commit_batch(conn: &Connection, records: Vec<RecordJob>, now_unix: i64, reten
             }
         }
     }
+    if fault_injected("writer::before_commit") {
+        let _ = conn.execute_batch("ROLLBACK");
+        fail_all(answers.into_iter().map(|(reply, _)| reply));
+        return;
+    }
     if let Err(e) = conn.execute_batch("COMMIT") {
         tracing::error!(error = ?StoreError::from(e), "COMMIT failed; every delivery in the batch gets 503");
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
         fail_all(answers.into_iter().map(|(reply, _)| reply));
+        return;
+    }
+    if fault_injected("writer::after_commit") {
+        // Committed, but the answers are lost, as when the process dies right after COMMIT:
+        // the callers get 503 and the provider's redelivery is answered as a duplicate.
         return;
     }
     for (reply, result) in answers {
@@ -278,6 +304,13 @@ fn transaction_lost() -> StoreError {
         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
         Some("the batch transaction did not commit".into()),
     ))
+}
+
+/// True when the named fault point is configured to fire (tests with `failpoints` only;
+/// without the feature this is a constant `false`).
+fn fault_injected(_name: &'static str) -> bool {
+    fail::fail_point!(_name, |_| true);
+    false
 }
 
 /// Answers 503 to every caller: their deliveries did not commit.

@@ -1,0 +1,142 @@
+//! Fault points inside a delivery (the `fail` crate; run with `--features failpoints`).
+//!
+//! Each point stands for a crash or error at one moment of the write path. Whatever the moment,
+//! a delivery is either committed whole (claim, order change, transition, outbox row) or not at
+//! all, and it is answered 2xx only if committed. `FailScenario` holds a process-wide lock, so
+//! these tests run one at a time.
+
+#[allow(dead_code)]
+#[path = "api/helpers.rs"]
+mod helpers;
+
+use fail::FailScenario;
+use futures_util::future::join_all;
+use helpers::*;
+
+/// (processed_events, orders, email_outbox, order_transitions)
+fn all_rows(app: &TestApp) -> (i64, i64, i64, i64) {
+    let (events, orders, outbox) = app.row_counts();
+    (
+        events,
+        orders,
+        outbox,
+        app.count("SELECT count(*) FROM order_transitions"),
+    )
+}
+
+#[actix_web::test]
+async fn a_fault_before_commit_stores_nothing_and_the_retry_succeeds() {
+    for point in [
+        "writer::after_begin",
+        "store::after_claim",
+        "store::after_effects",
+        "writer::before_commit",
+    ] {
+        let scenario = FailScenario::setup();
+        let app = spawn_app().await;
+        fail::cfg(point, "return").unwrap();
+        let answer = app.deliver_stripe("payment_intent.succeeded").await;
+        assert_eq!(answer.status, 503, "{point}: {:?}", answer.body);
+        assert_eq!(
+            all_rows(&app),
+            (0, 0, 0, 0),
+            "{point}: nothing half-written"
+        );
+
+        fail::remove(point);
+        let retry = app.deliver_stripe("payment_intent.succeeded").await;
+        assert_eq!(
+            (retry.status, retry.outcome()),
+            (200, "processed"),
+            "{point}"
+        );
+        assert_eq!(all_rows(&app), (1, 1, 1, 1), "{point}");
+        app.stop().await;
+        scenario.teardown();
+    }
+}
+
+#[actix_web::test]
+async fn a_fault_after_commit_loses_only_the_answer_and_the_redelivery_is_a_duplicate() {
+    let scenario = FailScenario::setup();
+    let app = spawn_app().await;
+    fail::cfg("writer::after_commit", "return").unwrap();
+    let answer = app.deliver_stripe("payment_intent.succeeded").await;
+    assert_eq!(answer.status, 503, "no 2xx, though the commit happened");
+    assert_eq!(all_rows(&app), (1, 1, 1, 1), "committed whole");
+
+    fail::remove("writer::after_commit");
+    let redelivery = app.deliver_stripe("payment_intent.succeeded").await;
+    assert_eq!(
+        (redelivery.status, redelivery.outcome()),
+        (200, "duplicate")
+    );
+    assert_eq!(all_rows(&app), (1, 1, 1, 1), "applied once");
+    scenario.teardown();
+}
+
+#[actix_web::test]
+async fn a_panic_inside_a_delivery_answers_503_and_the_writer_carries_on() {
+    let scenario = FailScenario::setup();
+    let app = spawn_app().await;
+    fail::cfg("store::after_effects", "panic").unwrap();
+    let answer = app.deliver_stripe("payment_intent.succeeded").await;
+    assert_eq!(answer.status, 503);
+    assert_eq!(all_rows(&app), (0, 0, 0, 0));
+
+    fail::remove("store::after_effects");
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded")
+            .await
+            .outcome(),
+        "processed"
+    );
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "processed"
+    );
+    assert_eq!(all_rows(&app), (2, 2, 2, 2));
+    scenario.teardown();
+}
+
+#[actix_web::test]
+async fn a_poisoned_delivery_inside_a_batch_fails_alone_and_the_rest_commit() {
+    let scenario = FailScenario::setup();
+    let app = spawn_app().await;
+    // Hold the write lock from outside so the deliveries pile up and are committed together.
+    let locker = rusqlite::Connection::open(&app.db_path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // The second delivery to reach this point fails; every other one passes.
+    fail::cfg("store::after_effects", "1*off->1*return->off").unwrap();
+
+    let template = String::from_utf8(fixture("stripe/payment_intent.succeeded.json")).unwrap();
+    let bodies: Vec<Vec<u8>> = (0..20)
+        .map(|i| {
+            template
+                .replace("evt_1QA0002succeeded000001", &format!("evt_batch_{i:02}"))
+                .replace("ord_1001", &format!("ord_batch_{i:02}"))
+                .replace("pi_3QA0001Order1001", &format!("pi_batch_{i:02}"))
+                .into_bytes()
+        })
+        .collect();
+    let sending = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
+    let release = async {
+        actix_web::rt::time::sleep(std::time::Duration::from_millis(500)).await;
+        locker.execute_batch("ROLLBACK").unwrap();
+    };
+    let (answers, ()) = futures_util::future::join(sending, release).await;
+
+    let failed: Vec<usize> = (0..20).filter(|&i| answers[i].status != 200).collect();
+    assert_eq!(failed.len(), 1, "{answers:?}");
+    assert_eq!(answers[failed[0]].status, 503);
+    assert_eq!(
+        all_rows(&app),
+        (19, 19, 19, 19),
+        "the other nineteen committed"
+    );
+
+    let retry = app.deliver_stripe_body(&bodies[failed[0]]).await;
+    assert_eq!(retry.outcome(), "processed");
+    assert_eq!(all_rows(&app), (20, 20, 20, 20));
+    scenario.teardown();
+}
