@@ -72,6 +72,7 @@ impl Application {
                 .configure(routes::configure)
         })
         .shutdown_timeout(settings.shutdown_timeout.as_secs())
+        .client_request_timeout(settings.client_request_timeout)
         .listen(listener)
         .map_err(bind_error)?;
         if settings.workers > 0 {

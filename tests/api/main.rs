@@ -2,8 +2,11 @@
 //! HTTP, and the real `sekali` binary for the commands.
 
 mod cli;
+
 mod concurrency;
+mod environment;
 mod helpers;
+mod hostile;
 mod known_answers;
 mod limits;
 mod midtrans;

@@ -1,0 +1,342 @@
+//! Faults of the environment (disk full, a lock held by another process) and operations that
+//! must be safe under load (backup), against the real server and SQLite file.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::helpers::*;
+
+/// A Stripe `payment_intent.succeeded` body for order `n`, about 2 KB.
+fn succeeded_body(n: usize) -> Vec<u8> {
+    String::from_utf8(fixture("stripe/payment_intent.succeeded.json"))
+        .unwrap()
+        .replace("evt_1QA0002succeeded000001", &format!("evt_env_{n:05}"))
+        .replace("ord_1001", &format!("ord_env_{n:05}"))
+        .replace("pi_3QA0001Order1001", &format!("pi_env_{n:05}"))
+        .into_bytes()
+}
+
+#[actix_web::test]
+async fn a_full_disk_answers_503_writes_nothing_half_and_recovers_when_space_returns() {
+    let app = spawn_app_with(|s| {
+        s.max_page_count = Some(120); // 480 KB with 4 KB pages: full after a few dozen events
+        s.purge_interval = Duration::from_millis(100);
+    })
+    .await;
+    let start = app.clock.now_unix();
+    let mut acked = Vec::new();
+    let mut refused = Vec::new();
+    for n in 0..400 {
+        let answer = app.deliver_stripe_body(&succeeded_body(n)).await;
+        match answer.status {
+            200 => acked.push(n),
+            503 => refused.push(n),
+            other => panic!("delivery {n}: unexpected {other} {:?}", answer.body),
+        }
+        if refused.len() >= 5 {
+            break;
+        }
+    }
+    assert!(
+        acked.len() >= 10 && refused.len() == 5,
+        "acked {} refused {}",
+        acked.len(),
+        refused.len()
+    );
+
+    let conn = app.db();
+    let stored: i64 = conn
+        .query_row("SELECT count(*) FROM processed_events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        stored as usize,
+        acked.len(),
+        "every 2xx is stored, no 503 is"
+    );
+    for n in &refused {
+        let id = format!("evt_env_{n:05}");
+        let (events, orders, outbox): (i64, i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM processed_events WHERE event_id = ?1),
+                        (SELECT count(*) FROM orders WHERE last_event_id = ?1),
+                        (SELECT count(*) FROM email_outbox WHERE event_id = ?1)",
+                [&id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!(
+            (events, orders, outbox),
+            (0, 0, 0),
+            "{id} left nothing half-written"
+        );
+    }
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    drop(conn);
+
+    // Space returns: the retention runs out and the purge job frees the pages of the old ids.
+    app.clock.set(start + 31 * 24 * 3600);
+    let mut recovered = false;
+    for _ in 0..100 {
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+        if app.count("SELECT count(*) FROM processed_events") == 0 {
+            recovered = true;
+            break;
+        }
+    }
+    assert!(recovered, "the purge ran on the full database");
+    for n in &refused {
+        let answer = app.deliver_stripe_body(&succeeded_body(*n)).await;
+        assert_eq!(
+            (answer.status, answer.outcome()),
+            (200, "processed"),
+            "redelivery of {n} after space returned"
+        );
+    }
+}
+
+/// A `sqlite3` shell holding a write transaction on `db` until dropped.
+struct Sqlite3Shell {
+    child: std::process::Child,
+}
+
+impl Sqlite3Shell {
+    fn begin_immediate(db: &std::path::Path) -> Self {
+        let mut child = Command::new("sqlite3")
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the sqlite3 shell is installed (.ci/run installs it)");
+        let stdin = child.stdin.as_mut().unwrap();
+        stdin
+            .write_all(b"BEGIN IMMEDIATE;\nSELECT 'holding the write lock';\n")
+            .unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "holding the write lock");
+        Sqlite3Shell { child }
+    }
+
+    fn rollback_and_quit(mut self) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(b"ROLLBACK;\n.quit\n").unwrap();
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+#[actix_web::test]
+async fn a_sqlite3_shell_holding_the_write_lock_gets_deliveries_a_503_never_a_false_2xx() {
+    let app = spawn_app_with(|s| s.busy_timeout = Duration::from_millis(300)).await;
+    let db_path = app.db_path.clone();
+    let shell =
+        actix_web::rt::task::spawn_blocking(move || Sqlite3Shell::begin_immediate(&db_path))
+            .await
+            .unwrap();
+
+    let bodies: Vec<Vec<u8>> = (0..5).map(succeeded_body).collect();
+    let answers = join_all(bodies.iter().map(|body| app.deliver_stripe_body(body))).await;
+    for answer in &answers {
+        assert_eq!(answer.status, 503, "{:?}", answer.body);
+        assert_eq!(
+            answer.error(),
+            "temporarily unable to record the event; retry later",
+            "no SQLITE_BUSY leaks"
+        );
+    }
+    actix_web::rt::task::spawn_blocking(move || shell.rollback_and_quit())
+        .await
+        .unwrap();
+    assert_eq!(app.row_counts(), (0, 0, 0));
+
+    for n in 0..5 {
+        assert_eq!(
+            app.deliver_stripe_body(&succeeded_body(n)).await.outcome(),
+            "processed"
+        );
+    }
+}
+
+#[actix_web::test]
+async fn a_backup_taken_while_deliveries_continue_is_whole_and_holds_the_dedup_rows() {
+    let app = spawn_app().await;
+    for n in 0..50 {
+        app.deliver_stripe_body(&succeeded_body(n)).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("copy.db");
+    let (db, out_path) = (app.db_path.clone(), out.clone());
+    let backup = actix_web::rt::task::spawn_blocking(move || {
+        Command::new(sekali_bin())
+            .args(["backup", "--db"])
+            .arg(&db)
+            .arg(&out_path)
+            .output()
+            .unwrap()
+    });
+    // Keep delivering while the copy is taken.
+    let load = join_all((50..450).map(|n| {
+        let body = succeeded_body(n);
+        let app = &app;
+        async move { app.deliver_stripe_body(&body).await.status }
+    }));
+    let (backup, statuses) = futures_util::future::join(backup, load).await;
+    let backup = backup.unwrap();
+    assert!(backup.status.success(), "{backup:?}");
+    assert!(statuses.iter().all(|s| *s == 200));
+    let stdout = String::from_utf8_lossy(&backup.stdout);
+    assert!(stdout.contains("integrity ok"), "{stdout}");
+
+    let copy = rusqlite::Connection::open(&out).unwrap();
+    let check: String = copy
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    let copied: i64 = copy
+        .query_row("SELECT count(*) FROM processed_events", [], |r| r.get(0))
+        .unwrap();
+    assert!((50..=450).contains(&copied), "copied {copied}");
+    // Every copied dedup row is a real one, with its order and email.
+    let orphaned: i64 = copy
+        .query_row(
+            "SELECT count(*) FROM processed_events e
+             WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.order_id = e.order_id)
+                OR NOT EXISTS (SELECT 1 FROM email_outbox m WHERE m.event_id = e.event_id)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(orphaned, 0, "the copy is transactionally consistent");
+
+    let again = Command::new(sekali_bin())
+        .args(["backup", "--db"])
+        .arg(&app.db_path)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("refusing to overwrite"));
+}
+
+#[test]
+fn nothing_secret_reaches_the_logs_even_at_trace_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut server = Command::new(sekali_bin())
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+        .arg(dir.path().join("s.db"))
+        .env(
+            "STRIPE_WEBHOOK_SECRET",
+            format!("{STRIPE_SECRET},{STRIPE_SECRET_NEXT}"),
+        )
+        .env("MIDTRANS_SERVER_KEY", MIDTRANS_KEY)
+        .env("RUST_LOG", "trace")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Drain the logs while the server runs: a full pipe would stall it.
+    let mut stderr = server.stderr.take().unwrap();
+    let log_reader = std::thread::spawn(move || {
+        let mut logs = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut logs).unwrap();
+        logs
+    });
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut forbidden: Vec<String> = vec![
+        STRIPE_SECRET.into(),
+        STRIPE_SECRET_NEXT.into(),
+        MIDTRANS_KEY.into(),
+    ];
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(10))
+        .build();
+    let post = |path: &str, body: &[u8], signature: Option<&str>| {
+        let mut request = agent
+            .post(&format!("{base}{path}"))
+            .set("Content-Type", "application/json");
+        if let Some(s) = signature {
+            request = request.set("Stripe-Signature", s);
+        }
+        match request.send_bytes(body) {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(code, _)) => code,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    for (name, _) in STRIPE_IN_ORDER {
+        let body = fixture(&format!("stripe/{name}.json"));
+        let header = stripe_header(&body, now);
+        forbidden.push(header.split("v1=").nth(1).unwrap().to_owned());
+        assert_eq!(post("/webhooks/stripe", &body, Some(&header)), 200);
+        // and forged: a signature that is not ours
+        let forged = format!("t={now},v1={}", "ab".repeat(32));
+        assert_eq!(post("/webhooks/stripe", &body, Some(&forged)), 401);
+    }
+    for name in MIDTRANS_IN_ORDER {
+        let body = sign_midtrans(&fixture(&format!("midtrans/{name}.json")));
+        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        forbidden.push(value["signature_key"].as_str().unwrap().to_owned());
+        assert_eq!(post("/webhooks/midtrans", &body, None), 200);
+    }
+    assert_eq!(
+        post(
+            "/webhooks/stripe",
+            b"{\"receipt_email\": \"leak@example.com\"}",
+            Some("t=1,v1=00")
+        ),
+        401
+    );
+    forbidden.extend(
+        [
+            "ana@example.com",
+            "budi@example.com",
+            "citra@example.com",
+            "dewi@example.com",
+            "eko@example.com",
+            "leak@example.com",
+        ]
+        .map(String::from),
+    );
+    // Distinctive fragments of raw bodies.
+    forbidden.extend(
+        [
+            "\"object\": \"payment_intent\"",
+            "\"transaction_status\"",
+            "va_numbers",
+        ]
+        .map(String::from),
+    );
+
+    Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(server.wait().unwrap().success());
+    let logs = log_reader.join().unwrap();
+    assert!(logs.contains("delivery recorded"), "trace logging was on");
+    for needle in &forbidden {
+        assert!(!logs.contains(needle.as_str()), "the logs contain {needle}");
+    }
+}
