@@ -29,20 +29,29 @@ pub enum SignatureError {
     Mismatch,
 }
 
-/// A string field that Midtrans may also send as a JSON number; kept as its text, because the
-/// signature is computed over the text.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum Text {
-    Str(String),
-    Num(serde_json::Number),
-}
+/// A field Midtrans sends as a string but that could arrive as a JSON number, kept as its text
+/// exactly as sent (a string's contents, or a number's digits untouched: `150000.00` stays
+/// `"150000.00"`, not `"150000.0"`), because the signature is computed over the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text(String);
 
 impl Text {
-    pub fn as_text(&self) -> std::borrow::Cow<'_, str> {
-        match self {
-            Text::Str(s) => std::borrow::Cow::Borrowed(s),
-            Text::Num(n) => std::borrow::Cow::Owned(n.to_string()),
+    pub fn as_text(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let raw: &serde_json::value::RawValue = Deserialize::deserialize(deserializer)?;
+        let text = raw.get();
+        match text.as_bytes().first() {
+            Some(b'"') => serde_json::from_str(text)
+                .map(Text)
+                .map_err(D::Error::custom),
+            Some(b'-' | b'0'..=b'9') => Ok(Text(text.to_owned())),
+            _ => Err(D::Error::custom("expected a string or a number")),
         }
     }
 }
@@ -111,8 +120,8 @@ pub fn verify_midtrans_signature(
 ) -> Result<(), SignatureError> {
     let expected = compute_signature_key(
         &notification.order_id,
-        &notification.status_code.as_text(),
-        &notification.gross_amount.as_text(),
+        notification.status_code.as_text(),
+        notification.gross_amount.as_text(),
         server_key.expose_secret(),
     );
     let received = notification.signature_key.to_ascii_lowercase();
@@ -130,12 +139,12 @@ impl Notification {
         if !self.refunds.is_empty() {
             return self.refunds.iter().try_fold(0i64, |sum, refund| {
                 let amount = refund.refund_amount.as_ref()?;
-                sum.checked_add(parse_decimal_minor_units(&amount.as_text())?)
+                sum.checked_add(parse_decimal_minor_units(amount.as_text())?)
             });
         }
         self.refund_amount
             .as_ref()
-            .and_then(|a| parse_decimal_minor_units(&a.as_text()))
+            .and_then(|a| parse_decimal_minor_units(a.as_text()))
     }
 
     fn is_refund(&self) -> bool {
@@ -160,7 +169,7 @@ impl Notification {
                 return Some(key.to_owned());
             }
             if let Some(id) = &refund.refund_chargeback_id {
-                return Some(id.as_text().into_owned());
+                return Some(id.as_text().to_owned());
             }
         }
         self.refunded_amount().map(|amount| amount.to_string())
@@ -213,7 +222,7 @@ impl Notification {
         let event_id = self.derived_event_id();
         let change = self.target_status().map(|target| StatusChange {
             target,
-            amount: parse_decimal_minor_units(&self.gross_amount.as_text()),
+            amount: parse_decimal_minor_units(self.gross_amount.as_text()),
             refunded_amount: if target.is_refund() {
                 self.refunded_amount()
             } else {

@@ -669,13 +669,10 @@ async fn a_correct_midtrans_key_in_uppercase_hex_is_accepted() {
 }
 
 #[actix_web::test]
-async fn a_gross_amount_sent_as_a_number_is_verified_against_its_normalised_text() {
-    // Today's behaviour, asserted as is: `gross_amount` may arrive as a JSON number and is
-    // verified against `serde_json::Number::to_string()`. Without serde_json's
-    // `arbitrary_precision` feature the number 150000.00 is parsed as an f64 and printed back as
-    // "150000.0", so a key computed over the digits as sent ("150000.00") is rejected, and only a
-    // key computed over "150000.0" is accepted. If Midtrans ever sent the amount as a number it
-    // would sign its own text ("150000.00"), and that notification would be refused (401).
+async fn a_gross_amount_sent_as_a_number_is_verified_over_its_digits_as_sent() {
+    // Midtrans sends gross_amount as a string, but should it ever arrive as a JSON number the
+    // signature still covers the digits exactly as sent: "150000.00", not serde's re-printed
+    // "150000.0" (regression: it was re-printed before the field kept its raw text).
     let app = spawn_app().await;
     let text = settlement_text().replace(
         "\"gross_amount\": \"150000.00\",",
@@ -683,14 +680,14 @@ async fn a_gross_amount_sent_as_a_number_is_verified_against_its_normalised_text
     );
     assert!(text.contains("\"gross_amount\": 150000.00,"));
 
-    let over_sent_text = correct_settlement_key("150000.00");
-    let answer = post_midtrans(&app, settlement_with_key(&text, &over_sent_text)).await;
+    let over_normalised_text = correct_settlement_key("150000.0");
+    let answer = post_midtrans(&app, settlement_with_key(&text, &over_normalised_text)).await;
     assert_eq!(answer.status, 401, "{:?}", answer.body);
     assert_eq!(answer.error(), "signature_key does not match");
     assert_eq!(app.row_counts(), (0, 0, 0));
 
-    let over_normalised_text = correct_settlement_key("150000.0");
-    let answer = post_midtrans(&app, settlement_with_key(&text, &over_normalised_text)).await;
+    let over_sent_text = correct_settlement_key("150000.00");
+    let answer = post_midtrans(&app, settlement_with_key(&text, &over_sent_text)).await;
     assert_eq!(
         (answer.status, answer.outcome()),
         (200, "processed"),
