@@ -35,6 +35,9 @@ pub enum Command {
     Backup(BackupArgs),
     /// Sign fixture files as the provider would and POST them to a running sekali.
     Replay(ReplayArgs),
+    /// Load generator: send signed deliveries to a running sekali and report throughput and
+    /// latency (secrets from the same environment variables as serve).
+    Bench(BenchArgs),
     /// Inspect processed events (read-only).
     #[command(subcommand)]
     Events(EventsCommand),
@@ -90,6 +93,38 @@ pub struct BackupArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The webhook URL, e.g. http://127.0.0.1:8080/webhooks/stripe.
+    #[arg(long)]
+    pub url: String,
+    /// Provider to imitate; by default taken from the URL path.
+    #[arg(long)]
+    pub provider: Option<Provider>,
+    /// Unique events to send.
+    #[arg(long, default_value_t = 20_000)]
+    pub events: usize,
+    /// Redeliveries per unique event (0.2: one in six requests is a redelivery).
+    #[arg(long, default_value_t = 0.2)]
+    pub dup_ratio: f64,
+    /// Concurrent keep-alive connections.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Stop sending after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub max_seconds: f64,
+    /// Client threads.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Requests per second across all connections (default: as fast as answers come).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Afterwards, check in this database file that every unique event has exactly one row and
+    /// one effect.
+    #[arg(long)]
+    pub check_db: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
 pub struct ReplayArgs {
     /// The webhook URL, e.g. http://127.0.0.1:8080/webhooks/stripe.
     #[arg(long)]
@@ -131,6 +166,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Purge(args) => purge(args),
         Command::Backup(args) => backup(args),
         Command::Replay(args) => replay(args),
+        Command::Bench(args) => bench(args),
         Command::Events(command) => events(command),
     }
 }
@@ -195,6 +231,45 @@ fn backup(args: BackupArgs) -> ExitCode {
                 report.orders
             );
             ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn bench(args: BenchArgs) -> ExitCode {
+    let Some(provider) = args
+        .provider
+        .or_else(|| crate::replay::provider_from_url(&args.url))
+    else {
+        return fail(format!(
+            "cannot tell the provider from {}; pass --provider",
+            args.url
+        ));
+    };
+    let config = crate::bench::BenchConfig {
+        url: args.url,
+        provider,
+        events: args.events,
+        dup_ratio: args.dup_ratio.max(0.0),
+        concurrency: args.concurrency.max(1),
+        max_seconds: args.max_seconds,
+        threads: args.threads.max(1),
+        rate: args.rate,
+        check_db: args.check_db,
+    };
+    match crate::bench::run_bench(&config, &Secrets::from_env()) {
+        Ok(report) => {
+            println!(
+                "{}",
+                serde_json::to_string(&report).expect("a report serialises")
+            );
+            print!("{}", report.table());
+            let checked = report.check_db.as_deref().is_none_or(|c| c == "ok");
+            if checked && report.errors == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
         }
         Err(e) => fail(e),
     }

@@ -9,6 +9,7 @@
 //! - [`jobs`]: background work (the purge of expired event ids).
 //! - [`startup`]: builds the HTTP server from [`config::Settings`]; tests build it on port 0.
 
+pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod config;

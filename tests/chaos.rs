@@ -624,6 +624,9 @@ fn stored_event_ids(db: &Path) -> HashSet<(Provider, String)> {
     stored_event_ids_conn(&Connection::open(db).unwrap())
 }
 
+/// (order_id, from_status, to_status, refunded_amount, event_id)
+type Transition = (String, Option<String>, String, i64, String);
+
 struct Report {
     events: usize,
     transitions: usize,
@@ -680,15 +683,14 @@ fn check_invariants(conn: &Connection, events: &[Event], orders: &[ExpectedOrder
     let mut stmt = conn
         .prepare("SELECT order_id, from_status, to_status, refunded_amount, event_id FROM order_transitions ORDER BY order_id, id")
         .unwrap();
-    let transitions: Vec<(String, Option<String>, String, i64, String)> = stmt
+    let transitions: Vec<Transition> = stmt
         .query_map([], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })
         .unwrap()
         .map(Result::unwrap)
         .collect();
-    let mut by_order: HashMap<&str, Vec<&(String, Option<String>, String, i64, String)>> =
-        HashMap::new();
+    let mut by_order: HashMap<&str, Vec<&Transition>> = HashMap::new();
     for t in &transitions {
         by_order.entry(t.0.as_str()).or_default().push(t);
     }

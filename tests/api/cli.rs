@@ -178,3 +178,81 @@ fn serve_stops_gracefully_on_sigterm() {
         "the secret is never logged"
     );
 }
+
+#[actix_web::test]
+async fn bench_sends_signed_deliveries_with_racing_redeliveries_and_checks_the_database() {
+    let app = spawn_app().await;
+    let url = format!("{}/webhooks/stripe", app.address);
+    let db = app.db_path.clone();
+    let output = actix_web::rt::task::spawn_blocking(move || {
+        Command::new(sekali_bin())
+            .args([
+                "bench",
+                "--url",
+                &url,
+                "--events",
+                "300",
+                "--dup-ratio",
+                "0.5",
+                "--concurrency",
+                "8",
+                "--check-db",
+            ])
+            .arg(&db)
+            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        report["sent"], 450,
+        "300 unique + 150 redeliveries: {stdout}"
+    );
+    assert_eq!(report["unique"], 300);
+    assert_eq!(report["ok_2xx"], 450);
+    assert_eq!(report["check_db"], "ok");
+    assert!(report["p99_ms"].as_f64().unwrap() >= report["p50_ms"].as_f64().unwrap());
+    assert!(
+        stdout.contains("deliveries/s"),
+        "a readable table follows: {stdout}"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM processed_events"), 300);
+    assert_eq!(app.count("SELECT count(*) FROM email_outbox"), 300);
+}
+
+#[actix_web::test]
+async fn bench_against_midtrans_signs_each_notification() {
+    let app = spawn_app().await;
+    let url = format!("{}/webhooks/midtrans", app.address);
+    let db = app.db_path.clone();
+    let output = actix_web::rt::task::spawn_blocking(move || {
+        Command::new(sekali_bin())
+            .args([
+                "bench",
+                "--url",
+                &url,
+                "--events",
+                "100",
+                "--dup-ratio",
+                "0.2",
+                "--concurrency",
+                "4",
+                "--check-db",
+            ])
+            .arg(&db)
+            .env("MIDTRANS_SERVER_KEY", MIDTRANS_KEY)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM processed_events WHERE provider = 'midtrans'"),
+        100
+    );
+}

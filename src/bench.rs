@@ -1,0 +1,405 @@
+//! `sekali bench`: a load generator that ships with sekali, as pgbench ships with PostgreSQL.
+//!
+//! It sends `events` unique signed deliveries plus `dup_ratio × events` redeliveries over
+//! `concurrency` keep-alive connections. Every request is signed at send time, as the provider
+//! would (a Stripe redelivery gets a fresh `t` and signature), and each redelivery is sent right
+//! next to its original, so the two race on different connections. The report is one JSON line
+//! and a table. `--check-db` then verifies that every unique event has exactly one row and one
+//! effect.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use secrecy::ExposeSecret;
+use serde::Serialize;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::{Secrets, ENV_MIDTRANS_KEY, ENV_STRIPE_SECRET};
+use crate::domain::Provider;
+use crate::providers::{midtrans, stripe};
+
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub url: String,
+    pub provider: Provider,
+    pub events: usize,
+    pub dup_ratio: f64,
+    pub concurrency: usize,
+    pub max_seconds: f64,
+    /// Client threads, each with its own event loop (default: 1).
+    pub threads: usize,
+    /// Requests per second across all connections; `None`: as fast as answers come.
+    pub rate: Option<f64>,
+    pub check_db: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0} is not set: bench signs like the provider, with the server's secret")]
+    MissingSecret(&'static str),
+    #[error("--check-db: {0}")]
+    Check(String),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub provider: String,
+    pub run_id: String,
+    pub concurrency: usize,
+    pub sent: usize,
+    pub unique: usize,
+    pub ok_2xx: usize,
+    pub non_2xx: BTreeMap<u16, usize>,
+    pub errors: usize,
+    pub seconds: f64,
+    pub deliveries_per_sec: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// "ok" or what --check-db found wrong; absent without --check-db.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check_db: Option<String>,
+}
+
+impl BenchReport {
+    /// The human-readable table printed after the JSON line.
+    pub fn table(&self) -> String {
+        let non_2xx = if self.non_2xx.is_empty() {
+            "none".to_owned()
+        } else {
+            self.non_2xx
+                .iter()
+                .map(|(code, n)| format!("{code}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut out = format!(
+            "provider           {}\nconcurrency        {}\nsent               {}\nunique events      {}\n\
+             2xx                {}\nnon-2xx            {}\nerrors             {}\nseconds            {:.2}\n\
+             deliveries/s       {:.0}\nlatency p50        {:.2} ms\nlatency p90        {:.2} ms\n\
+             latency p99        {:.2} ms\nlatency max        {:.2} ms\n",
+            self.provider,
+            self.concurrency,
+            self.sent,
+            self.unique,
+            self.ok_2xx,
+            non_2xx,
+            self.errors,
+            self.seconds,
+            self.deliveries_per_sec,
+            self.p50_ms,
+            self.p90_ms,
+            self.p99_ms,
+            self.max_ms
+        );
+        if let Some(check) = &self.check_db {
+            out.push_str(&format!("check-db           {check}\n"));
+        }
+        out
+    }
+}
+
+enum Signer {
+    Stripe(String),
+    Midtrans,
+}
+
+/// Renders the `i`th unique event of this run (about 1.5 KB, like a real event).
+fn render_event(provider: Provider, run_id: &str, i: usize, midtrans_key: Option<&str>) -> Vec<u8> {
+    match provider {
+        Provider::Stripe => serde_json::to_vec_pretty(&serde_json::json!({
+            "id": format!("evt_bench_{run_id}_{i}"),
+            "object": "event",
+            "api_version": "2024-06-20",
+            "created": 1_732_870_000 + i,
+            "livemode": false,
+            "pending_webhooks": 1,
+            "request": {"id": null, "idempotency_key": null},
+            "type": "payment_intent.succeeded",
+            "data": {"object": {
+                "id": format!("pi_bench_{run_id}_{i}"),
+                "object": "payment_intent",
+                "amount": 2500, "amount_capturable": 0, "amount_received": 2500,
+                "capture_method": "automatic", "confirmation_method": "automatic",
+                "created": 1_732_869_990 + i, "currency": "usd",
+                "description": "sekali bench order",
+                "latest_charge": format!("ch_bench_{run_id}_{i}"),
+                "livemode": false,
+                "metadata": {"order_id": format!("bench_{run_id}_{i}")},
+                "payment_method": format!("pm_bench_{run_id}_{i}"),
+                "payment_method_types": ["card"],
+                "receipt_email": format!("customer{i}@example.com"),
+                "status": "succeeded",
+                "shipping": null, "statement_descriptor": null,
+            }},
+        }))
+        .expect("serialising a JSON value"),
+        Provider::Midtrans => {
+            let body = serde_json::json!({
+                "transaction_time": "2026-11-29 10:00:00",
+                "transaction_status": "settlement",
+                "transaction_id": format!("bench-{run_id}-{i}"),
+                "status_message": "midtrans payment notification",
+                "status_code": "200",
+                "signature_key": "",
+                "settlement_time": "2026-11-29 10:00:05",
+                "payment_type": "bank_transfer",
+                "order_id": format!("bench_{run_id}_{i}"),
+                "merchant_id": "G141532850",
+                "gross_amount": "150000.00",
+                "fraud_status": "accept",
+                "currency": "IDR",
+                "va_numbers": [{"va_number": "12345678901", "bank": "bca"}],
+            });
+            let raw = serde_json::to_vec(&body).expect("serialising a JSON value");
+            midtrans::with_signature_key(&raw, midtrans_key.unwrap_or_default())
+                .expect("a notification")
+        }
+    }
+}
+
+/// Runs the benchmark; blocking (it starts its own client event loops).
+pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport, BenchError> {
+    let signer = match config.provider {
+        Provider::Stripe => Signer::Stripe(
+            secrets
+                .stripe
+                .first()
+                .ok_or(BenchError::MissingSecret(ENV_STRIPE_SECRET))?
+                .expose_secret()
+                .to_owned(),
+        ),
+        Provider::Midtrans => {
+            secrets
+                .midtrans
+                .as_ref()
+                .ok_or(BenchError::MissingSecret(ENV_MIDTRANS_KEY))?;
+            Signer::Midtrans
+        }
+    };
+    let midtrans_key = secrets
+        .midtrans
+        .as_ref()
+        .map(|k| k.expose_secret().to_owned());
+    let run_id = format!(
+        "{:x}",
+        SystemClock.now_unix() * 1000 + std::process::id() as i64 % 1000
+    );
+
+    // The plan: every unique event, and after every 1/dup_ratio-th one a redelivery of it, sent
+    // next so the two race on different connections.
+    let mut plan: Vec<usize> =
+        Vec::with_capacity(config.events + (config.events as f64 * config.dup_ratio) as usize);
+    let mut owed = 0.0;
+    for i in 0..config.events {
+        plan.push(i);
+        owed += config.dup_ratio;
+        while owed >= 1.0 {
+            plan.push(i);
+            owed -= 1.0;
+        }
+    }
+    let plan = Arc::new(plan);
+    let next = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(config.max_seconds);
+    let threads = config.threads.max(1);
+    let started = Instant::now();
+
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let per_thread =
+                config.concurrency / threads + usize::from(t < config.concurrency % threads);
+            let (plan, next, url) = (plan.clone(), next.clone(), config.url.clone());
+            let (provider, run_id, midtrans_key) =
+                (config.provider, run_id.clone(), midtrans_key.clone());
+            let signer = match &signer {
+                Signer::Stripe(s) => Signer::Stripe(s.clone()),
+                Signer::Midtrans => Signer::Midtrans,
+            };
+            let rate = config.rate.map(|r| r / threads as f64);
+            std::thread::spawn(move || {
+                actix_web::rt::System::new().block_on(client_loop(
+                    per_thread,
+                    plan,
+                    next,
+                    url,
+                    provider,
+                    run_id,
+                    midtrans_key,
+                    signer,
+                    deadline,
+                    rate,
+                ))
+            })
+        })
+        .collect();
+    let mut outcome = ThreadOutcome::default();
+    for handle in handles {
+        let part = handle.join().expect("a bench client thread panicked");
+        outcome.latencies_us.extend(part.latencies_us);
+        outcome.ok += part.ok;
+        outcome.errors += part.errors;
+        for (code, n) in part.non_2xx {
+            *outcome.non_2xx.entry(code).or_default() += n;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    outcome.latencies_us.sort_unstable();
+    let percentile = |p: f64| -> f64 {
+        if outcome.latencies_us.is_empty() {
+            return 0.0;
+        }
+        let rank = ((p / 100.0) * outcome.latencies_us.len() as f64).ceil() as usize;
+        outcome.latencies_us[rank.clamp(1, outcome.latencies_us.len()) - 1] as f64 / 1000.0
+    };
+    let sent = outcome.latencies_us.len() + outcome.errors;
+    let unique_sent = {
+        let reached = next.load(Ordering::SeqCst).min(plan.len());
+        plan[..reached].iter().copied().max().map_or(0, |m| m + 1)
+    };
+    let mut report = BenchReport {
+        provider: config.provider.to_string(),
+        run_id: run_id.clone(),
+        concurrency: config.concurrency,
+        sent,
+        unique: unique_sent,
+        ok_2xx: outcome.ok,
+        non_2xx: outcome.non_2xx,
+        errors: outcome.errors,
+        seconds,
+        deliveries_per_sec: sent as f64 / seconds,
+        p50_ms: percentile(50.0),
+        p90_ms: percentile(90.0),
+        p99_ms: percentile(99.0),
+        max_ms: percentile(100.0),
+        check_db: None,
+    };
+    if let Some(db) = &config.check_db {
+        report.check_db = Some(check_db(db, &run_id, unique_sent)?);
+    }
+    Ok(report)
+}
+
+#[derive(Default)]
+struct ThreadOutcome {
+    latencies_us: Vec<u32>,
+    ok: usize,
+    non_2xx: BTreeMap<u16, usize>,
+    errors: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn client_loop(
+    connections: usize,
+    plan: Arc<Vec<usize>>,
+    next: Arc<AtomicUsize>,
+    url: String,
+    provider: Provider,
+    run_id: String,
+    midtrans_key: Option<String>,
+    signer: Signer,
+    deadline: Instant,
+    rate: Option<f64>,
+) -> ThreadOutcome {
+    let client = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .connector(awc::Connector::new().limit(connections.max(1)))
+        .finish();
+    let signer = Rc::new(signer);
+    let url: Rc<str> = url.into();
+    let interval = rate.map(|r| Duration::from_secs_f64(connections as f64 / r.max(0.001)));
+    let workers = (0..connections.max(1)).map(|_| {
+        let (client, plan, next, signer, url) = (
+            client.clone(),
+            plan.clone(),
+            next.clone(),
+            signer.clone(),
+            url.clone(),
+        );
+        let (run_id, midtrans_key) = (run_id.clone(), midtrans_key.clone());
+        async move {
+            let mut out = ThreadOutcome::default();
+            loop {
+                let tick = Instant::now();
+                if tick >= deadline {
+                    break;
+                }
+                let slot = next.fetch_add(1, Ordering::SeqCst);
+                let Some(&event) = plan.get(slot) else { break };
+                // Rendered per request (a few microseconds) rather than kept for the whole run.
+                let body = render_event(provider, &run_id, event, midtrans_key.as_deref());
+                let mut request = client
+                    .post(&*url)
+                    .insert_header(("Content-Type", "application/json"));
+                if let Signer::Stripe(secret) = &*signer {
+                    let header =
+                        stripe::signature_header(&[secret.as_str()], SystemClock.now_unix(), &body);
+                    request = request.insert_header(("Stripe-Signature", header));
+                }
+                let started = Instant::now();
+                match request.send_body(body).await {
+                    Ok(mut response) => {
+                        let _ = response.body().await;
+                        out.latencies_us
+                            .push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                        let status = response.status();
+                        if status.is_success() {
+                            out.ok += 1;
+                        } else {
+                            *out.non_2xx.entry(status.as_u16()).or_default() += 1;
+                        }
+                    }
+                    Err(_) => out.errors += 1,
+                }
+                if let Some(interval) = interval {
+                    let spent = tick.elapsed();
+                    if spent < interval {
+                        actix_web::rt::time::sleep(interval - spent).await;
+                    }
+                }
+            }
+            out
+        }
+    });
+    let parts = futures_util::future::join_all(workers).await;
+    let mut total = ThreadOutcome::default();
+    for part in parts {
+        total.latencies_us.extend(part.latencies_us);
+        total.ok += part.ok;
+        total.errors += part.errors;
+        for (code, n) in part.non_2xx {
+            *total.non_2xx.entry(code).or_default() += n;
+        }
+    }
+    total
+}
+
+/// Every unique event of this run has exactly one `processed_events` row and exactly one effect
+/// (its receipt in `email_outbox`).
+fn check_db(db: &std::path::Path, run_id: &str, unique: usize) -> Result<String, BenchError> {
+    let conn = crate::store::open_existing(db, false, crate::store::DEFAULT_BUSY_TIMEOUT)
+        .map_err(|e| BenchError::Check(e.to_string()))?;
+    let pattern = format!("%bench_{run_id}_%");
+    let count = |sql: &str| -> Result<i64, BenchError> {
+        conn.query_row(sql, [&pattern], |row| row.get(0))
+            .map_err(|e| BenchError::Check(e.to_string()))
+    };
+    let rows = count("SELECT count(*) FROM processed_events WHERE event_id LIKE ?1")?;
+    let orders = count("SELECT count(*) FROM orders WHERE order_id LIKE ?1")?;
+    let emails = count("SELECT count(*) FROM email_outbox WHERE order_id LIKE ?1")?;
+    let distinct_emails =
+        count("SELECT count(DISTINCT order_id) FROM email_outbox WHERE order_id LIKE ?1")?;
+    let unique = unique as i64;
+    if rows == unique && orders == unique && emails == unique && distinct_emails == unique {
+        Ok("ok".to_owned())
+    } else {
+        Ok(format!(
+            "MISMATCH: {unique} unique events sent, {rows} event rows, {orders} orders, {emails} emails ({distinct_emails} orders with one)"
+        ))
+    }
+}
