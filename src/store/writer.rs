@@ -157,8 +157,11 @@ fn run(mut conn: Connection, jobs: Receiver<Job>, config: WriterConfig, clock: S
             }
         }
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            if !records.is_empty() {
-                commit_batch(&conn, records, clock.now_unix(), &config.retention);
+            if !records.is_empty()
+                && commit_batch(&conn, records, clock.now_unix(), &config.retention)
+            {
+                tracing::error!("the write connection failed; reopening it");
+                conn = reopen(&config);
             }
             for job in others {
                 if let Job::PurgeBatch { limit, reply } = job {
@@ -180,7 +183,7 @@ fn run(mut conn: Connection, jobs: Receiver<Job>, config: WriterConfig, clock: S
     // dropped with the receiver, so its caller gets WriterGone (503), never silence.
     while let Ok(job) = jobs.try_recv() {
         if let Job::Record(record) = job {
-            commit_batch(&conn, vec![*record], clock.now_unix(), &config.retention);
+            let _ = commit_batch(&conn, vec![*record], clock.now_unix(), &config.retention);
         }
     }
     tracing::debug!("writer stopped");
@@ -207,16 +210,24 @@ fn reopen(config: &WriterConfig) -> Connection {
 }
 
 /// One transaction for all of `records`, one savepoint each; answers after COMMIT.
-fn commit_batch(conn: &Connection, records: Vec<RecordJob>, now_unix: i64, retention: &Retention) {
+/// Returns true when the connection itself looks broken (I/O error, file replaced or corrupt)
+/// and should be reopened.
+fn commit_batch(
+    conn: &Connection,
+    records: Vec<RecordJob>,
+    now_unix: i64,
+    retention: &Retention,
+) -> bool {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let broken = is_connection_fault(&e);
         tracing::error!(error = ?StoreError::from(e), "could not begin the write transaction");
         fail_all(records.into_iter().map(|job| job.reply));
-        return;
+        return broken;
     }
     if fault_injected("writer::after_begin") {
         let _ = conn.execute_batch("ROLLBACK");
         fail_all(records.into_iter().map(|job| job.reply));
-        return;
+        return false;
     }
     let mut answers: Vec<(Reply<Outcome>, Result<Outcome, StoreError>)> =
         Vec::with_capacity(records.len());
@@ -239,35 +250,49 @@ fn commit_batch(conn: &Connection, records: Vec<RecordJob>, now_unix: i64, reten
                 if !conn.is_autocommit() {
                     let _ = conn.execute_batch("ROLLBACK");
                 }
+                let reopen = matches!(&broken, StoreError::Sqlite(e) if is_connection_fault(e));
                 let _ = reply.send(Err(broken.into()));
                 fail_all(answers.into_iter().map(|(reply, _)| reply));
-                return;
+                return reopen;
             }
         }
     }
     if fault_injected("writer::before_commit") {
         let _ = conn.execute_batch("ROLLBACK");
         fail_all(answers.into_iter().map(|(reply, _)| reply));
-        return;
+        return false;
     }
     if let Err(e) = conn.execute_batch("COMMIT") {
+        let broken = is_connection_fault(&e);
         tracing::error!(error = ?StoreError::from(e), "COMMIT failed; every delivery in the batch gets 503");
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
         fail_all(answers.into_iter().map(|(reply, _)| reply));
-        return;
+        return broken;
     }
     if fault_injected("writer::after_commit") {
         // Committed, but the answers are lost, as when the process dies right after COMMIT:
         // the callers get 503 and the provider's redelivery is answered as a duplicate.
-        return;
+        return false;
     }
     for (reply, result) in answers {
         // The caller may have gone (client disconnected); the event is committed regardless and
         // a redelivery will be answered as a duplicate.
         let _ = reply.send(result.map_err(WriteError::from));
     }
+    false
+}
+
+/// Errors after which this connection should not be trusted again. Busy and full are not among
+/// them: they heal without a new connection.
+fn is_connection_fault(error: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::*;
+    matches!(
+        error,
+        rusqlite::Error::SqliteFailure(e, _)
+            if matches!(e.code, SystemIoFailure | NotADatabase | CannotOpen | DatabaseCorrupt | ReadOnly)
+    )
 }
 
 /// Runs one delivery inside `SAVEPOINT delivery`. The inner result is the delivery's own

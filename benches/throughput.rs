@@ -1,0 +1,138 @@
+//! `cargo bench --bench throughput`: durable throughput of the real server, group commit vs one
+//! transaction per delivery, in one run on this machine (the load generator shares the cores).
+//!
+//! Each configuration gets a fresh database and a fresh `sekali serve` child process; the load
+//! is `sekali bench`'s generator (signed at send time, 20 % racing redeliveries). Peak RSS is
+//! the server's VmHWM. Sizes: SEKALI_BENCH_EVENTS (default 20000), SEKALI_BENCH_CONCURRENCY
+//! (default 64).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sekali::bench::{run_bench, BenchConfig, BenchReport};
+use sekali::config::Secrets;
+use sekali::domain::Provider;
+
+const SECRET: &str = "whsec_bench_c2VrYWxpLWJlbmNo";
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(db: &Path, extra: &[&str]) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(env!("CARGO_BIN_EXE_sekali"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+            .arg(db)
+            .args(extra)
+            .env("STRIPE_WEBHOOK_SECRET", SECRET)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "the server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server { child, port }
+    }
+
+    /// Peak resident set size in KiB (VmHWM).
+    fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn stop(mut self) {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+fn measure(label: &str, extra: &[&str], events: usize, concurrency: usize) -> (BenchReport, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bench.db");
+    let server = Server::start(&db, extra);
+    let config = BenchConfig {
+        url: format!("http://127.0.0.1:{}/webhooks/stripe", server.port),
+        provider: Provider::Stripe,
+        events,
+        dup_ratio: 0.2,
+        concurrency,
+        max_seconds: 300.0,
+        threads: 1,
+        rate: None,
+        check_db: Some(db.clone()),
+    };
+    let report = run_bench(&config, &Secrets::from_values(Some(SECRET), None)).expect("bench runs");
+    let rss = server.peak_rss_kib();
+    server.stop();
+    println!(
+        "{label:<34} {:>9.0}/s  p50 {:>6.2} ms  p99 {:>7.2} ms  max {:>7.2} ms  peak RSS {:>5.1} MiB  non-2xx {:?}  errors {}  check {}",
+        report.deliveries_per_sec,
+        report.p50_ms,
+        report.p99_ms,
+        report.max_ms,
+        rss as f64 / 1024.0,
+        report.non_2xx,
+        report.errors,
+        report.check_db.as_deref().unwrap_or("-"),
+    );
+    (report, rss)
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` would run us too: do nothing then.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let events: usize = std::env::var("SEKALI_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let concurrency: usize = std::env::var("SEKALI_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    println!(
+        "sekali throughput: {events} unique Stripe deliveries + 20 % redeliveries, {} cores shared with the load generator",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let (batched, batched_rss) = measure(
+        &format!("group commit (default), {concurrency} conns"),
+        &[],
+        events,
+        concurrency,
+    );
+    let (single, _) = measure(
+        &format!("--batch-max 1, {concurrency} conns"),
+        &["--batch-max", "1"],
+        events,
+        concurrency,
+    );
+    let lone = events.min(3000);
+    let (batched_one, _) = measure("group commit (default), 1 conn", &[], lone, 1);
+    let (single_one, _) = measure("--batch-max 1, 1 conn", &["--batch-max", "1"], lone, 1);
+    println!(
+        "ratios: throughput default / batch-max-1 = {:.1}x at {concurrency} conns; p50 at 1 conn default / batch-max-1 = {:.2}; peak RSS {:.1} MiB",
+        batched.deliveries_per_sec / single.deliveries_per_sec,
+        batched_one.p50_ms / single_one.p50_ms,
+        batched_rss as f64 / 1024.0,
+    );
+}
