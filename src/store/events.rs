@@ -170,12 +170,52 @@ fn set_event_outcome(
     Ok(())
 }
 
-struct OrderRow {
+/// An order row as the state machine sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct OrderState {
     status: OrderStatus,
+    amount: Option<i64>,
     refunded_amount: i64,
+    currency: Option<String>,
+    customer_email: Option<String>,
+    payment_intent_id: Option<String>,
+}
+
+fn load_order(conn: &Connection, order_id: &str) -> Result<Option<OrderState>, StoreError> {
+    let row = conn
+        .prepare_cached(
+            "SELECT status, amount, refunded_amount, currency, customer_email, payment_intent_id
+             FROM orders WHERE order_id = ?1",
+        )?
+        .query_row([order_id], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                OrderState {
+                    status: OrderStatus::Pending, // replaced below
+                    amount: row.get(1)?,
+                    refunded_amount: row.get(2)?,
+                    currency: row.get(3)?,
+                    customer_email: row.get(4)?,
+                    payment_intent_id: row.get(5)?,
+                },
+            ))
+        })
+        .optional()?;
+    let Some((status, mut state)) = row else {
+        return Ok(None);
+    };
+    state.status = status.parse().map_err(|_| {
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Text,
+            format!("orders.status holds `{status}`").into(),
+        )
+    })?;
+    Ok(Some(state))
 }
 
 /// Moves `order_id` by the state machine and queues the customer notice for the status reached.
+/// The order is read once; its new state is computed here and written with one statement.
 fn apply_change(
     conn: &Connection,
     event: &NormalizedEvent,
@@ -183,19 +223,24 @@ fn apply_change(
     order_id: &str,
     now: &str,
 ) -> Result<Outcome, StoreError> {
-    let current = conn
-        .prepare_cached("SELECT status, refunded_amount FROM orders WHERE order_id = ?1")?
-        .query_row([order_id], |row| {
-            Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
-        })
-        .optional()?;
-
-    let refunded = change.refunded_amount.unwrap_or(0);
-    let outcome =
-        match current {
-            None => {
-                // First seen through this event: created in the state the event reports.
-                conn.prepare_cached(
+    let current = load_order(conn, order_id)?;
+    let linked_pi = current.as_ref().and_then(|c| c.payment_intent_id.clone());
+    let outcome = match current {
+        None => {
+            // First seen through this event: created in the state the event reports.
+            let state = OrderState {
+                status: change.target,
+                amount: change.amount,
+                refunded_amount: if change.target.is_refund() {
+                    change.refunded_amount.unwrap_or(0)
+                } else {
+                    0
+                },
+                currency: change.currency.clone(),
+                customer_email: change.customer_email.clone(),
+                payment_intent_id: event.payment_intent_id.clone(),
+            };
+            conn.prepare_cached(
                 "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
                                      customer_email, payment_intent_id, created_at, updated_at,
                                      last_event_id)
@@ -204,36 +249,27 @@ fn apply_change(
             .execute(params![
                 order_id,
                 event.provider.as_str(),
-                change.target.as_str(),
-                change.amount,
-                if change.target.is_refund() { refunded } else { 0 },
-                change.currency,
-                change.customer_email,
-                event.payment_intent_id,
+                state.status.as_str(),
+                state.amount,
+                state.refunded_amount,
+                state.currency,
+                state.customer_email,
+                state.payment_intent_id,
                 now,
                 event.event_id,
             ])?;
-                record_transition(conn, event, order_id, None, change.target, now)?;
-                queue_notice(conn, event, order_id, change.target, now)?;
-                Outcome::Processed
-            }
-            Some((status, recorded_refund)) => {
-                let row = OrderRow {
-                    status: status.parse().map_err(|_| {
-                        rusqlite::Error::FromSqlConversionFailure(
-                            0,
-                            rusqlite::types::Type::Text,
-                            format!("orders.status holds `{status}`").into(),
-                        )
-                    })?,
-                    refunded_amount: recorded_refund,
-                };
-                move_existing_order(conn, event, change, order_id, &row, now)?
-            }
-        };
+            record_transition(conn, event, order_id, None, &state, now)?;
+            queue_notice(conn, event, order_id, &state, now)?;
+            Outcome::Processed
+        }
+        Some(current) => move_existing_order(conn, event, change, order_id, &current, now)?,
+    };
 
     if let Some(pi) = &event.payment_intent_id {
-        link_payment_intent(conn, pi, order_id, now)?;
+        // An order's recorded PaymentIntent was linked when it was recorded.
+        if linked_pi.as_deref() != Some(pi.as_str()) {
+            link_payment_intent(conn, pi, order_id, now)?;
+        }
     }
     Ok(outcome)
 }
@@ -243,84 +279,86 @@ fn move_existing_order(
     event: &NormalizedEvent,
     change: &StatusChange,
     order_id: &str,
-    row: &OrderRow,
+    current: &OrderState,
     now: &str,
 ) -> Result<Outcome, StoreError> {
     let target = change.target;
     let refunded = change.refunded_amount.unwrap_or(0);
     let further_refund =
-        target == row.status && target.is_refund() && refunded > row.refunded_amount;
-    let forward = row.status.can_move_forward_to(target)
+        target == current.status && target.is_refund() && refunded > current.refunded_amount;
+    let forward = current.status.can_move_forward_to(target)
         // A forward move that reports less refunded money than already recorded comes from an
         // older refund event than one already applied: money is never un-refunded.
-        && !(target.is_refund() && refunded < row.refunded_amount);
-    let outcome = if further_refund || forward {
-        update_order(conn, event, change, order_id, now)?;
-        record_transition(conn, event, order_id, Some(row.status), target, now)?;
-        queue_notice(conn, event, order_id, target, now)?;
-        Outcome::Processed
-    } else if target == row.status && !target.is_refund() {
+        && !(target.is_refund() && refunded < current.refunded_amount);
+
+    // Details the order lacks (first PaymentIntent, amount, currency, email) are filled in from
+    // any event, even one that does not move the status; they are not effects.
+    let mut next = OrderState {
+        status: current.status,
+        amount: current.amount.or(change.amount),
+        refunded_amount: current.refunded_amount,
+        currency: current.currency.clone().or_else(|| change.currency.clone()),
+        customer_email: current
+            .customer_email
+            .clone()
+            .or_else(|| change.customer_email.clone()),
+        payment_intent_id: current
+            .payment_intent_id
+            .clone()
+            .or_else(|| event.payment_intent_id.clone()),
+    };
+
+    if further_refund || forward {
+        next.status = target;
+        if let Some(reported) = change.refunded_amount {
+            next.refunded_amount = next.refunded_amount.max(reported);
+        }
+        // The newest address wins for the notice this change sends.
+        if change.customer_email.is_some() {
+            next.customer_email = change.customer_email.clone();
+        }
+        conn.prepare_cached(
+            "UPDATE orders SET status = ?2, amount = ?3, refunded_amount = ?4, currency = ?5,
+                               customer_email = ?6, payment_intent_id = ?7, updated_at = ?8,
+                               last_event_id = ?9
+             WHERE order_id = ?1",
+        )?
+        .execute(params![
+            order_id,
+            next.status.as_str(),
+            next.amount,
+            next.refunded_amount,
+            next.currency,
+            next.customer_email,
+            next.payment_intent_id,
+            now,
+            event.event_id,
+        ])?;
+        record_transition(conn, event, order_id, Some(current.status), &next, now)?;
+        queue_notice(conn, event, order_id, &next, now)?;
+        return Ok(Outcome::Processed);
+    }
+
+    if next != *current {
+        conn.prepare_cached(
+            "UPDATE orders SET amount = ?2, currency = ?3, customer_email = ?4, payment_intent_id = ?5
+             WHERE order_id = ?1",
+        )?
+        .execute(params![
+            order_id,
+            next.amount,
+            next.currency,
+            next.customer_email,
+            next.payment_intent_id
+        ])?;
+    }
+    Ok(if target == current.status && !target.is_refund() {
         // Already there: processed, no effects.
         Outcome::Processed
     } else {
         // Backwards, or a refund event that reports no more refunded money than recorded.
         Outcome::Stale
-    };
-
-    if !(further_refund || forward) {
-        // Details the order lacks (first PaymentIntent, email, amount, currency) are filled in
-        // from any event, even one that does not move the status; they are not effects.
-        // update_order does the same for moving events.
-        conn.prepare_cached(
-            "UPDATE orders SET
-                 payment_intent_id = COALESCE(payment_intent_id, ?2),
-                 customer_email = COALESCE(customer_email, ?3),
-                 amount = COALESCE(amount, ?4),
-                 currency = COALESCE(currency, ?5)
-             WHERE order_id = ?1",
-        )?
-        .execute(params![
-            order_id,
-            event.payment_intent_id,
-            change.customer_email,
-            change.amount,
-            change.currency
-        ])?;
-    }
-    Ok(outcome)
-}
-
-fn update_order(
-    conn: &Connection,
-    event: &NormalizedEvent,
-    change: &StatusChange,
-    order_id: &str,
-    now: &str,
-) -> rusqlite::Result<()> {
-    conn.prepare_cached(
-        "UPDATE orders SET
-             status = ?2,
-             refunded_amount = CASE WHEN ?3 IS NULL THEN refunded_amount ELSE MAX(refunded_amount, ?3) END,
-             amount = COALESCE(amount, ?4),
-             currency = COALESCE(currency, ?5),
-             customer_email = COALESCE(?6, customer_email),
-             payment_intent_id = COALESCE(payment_intent_id, ?7),
-             updated_at = ?8,
-             last_event_id = ?9
-         WHERE order_id = ?1",
-    )?
-    .execute(params![
-        order_id,
-        change.target.as_str(),
-        change.refunded_amount,
-        change.amount,
-        change.currency,
-        change.customer_email,
-        event.payment_intent_id,
-        now,
-        event.event_id,
-    ])?;
-    Ok(())
+    })
 }
 
 /// Appends to the audit trail; called exactly where the order's status or refund changes.
@@ -329,18 +367,19 @@ fn record_transition(
     event: &NormalizedEvent,
     order_id: &str,
     from: Option<OrderStatus>,
-    to: OrderStatus,
+    to: &OrderState,
     now: &str,
 ) -> rusqlite::Result<()> {
     conn.prepare_cached(
         "INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount, provider,
                                         event_id, changed_at)
-         SELECT order_id, ?2, ?3, refunded_amount, ?4, ?5, ?6 FROM orders WHERE order_id = ?1",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?
     .execute(params![
         order_id,
         from.map(OrderStatus::as_str),
-        to.as_str(),
+        to.status.as_str(),
+        to.refunded_amount,
         event.provider.as_str(),
         event.event_id,
         now
@@ -348,30 +387,31 @@ fn record_transition(
     Ok(())
 }
 
-/// Queues the notice for `status` if it has one. The idempotency key is derived from the change
-/// itself, so two different events announcing the same change cannot queue two emails.
+/// Queues the notice for the status in `order` if it has one. The idempotency key is derived
+/// from the change itself, so two different events announcing the same change cannot queue two
+/// emails.
 fn queue_notice(
     conn: &Connection,
     event: &NormalizedEvent,
     order_id: &str,
-    status: OrderStatus,
+    order: &OrderState,
     now: &str,
 ) -> rusqlite::Result<()> {
-    let Some(notice) = status.notice() else {
+    let Some(notice) = order.status.notice() else {
         return Ok(());
     };
-    let (amount, refunded_amount, currency, recipient): (Option<i64>, i64, Option<String>, Option<String>) = conn
-        .prepare_cached(
-            "SELECT amount, refunded_amount, currency, customer_email FROM orders WHERE order_id = ?1",
-        )?
-        .query_row([order_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))?;
-    let key = outbox_idempotency_key(order_id, notice.template(), status, refunded_amount);
+    let key = outbox_idempotency_key(
+        order_id,
+        notice.template(),
+        order.status,
+        order.refunded_amount,
+    );
     let params_json = serde_json::json!({
         "order_id": order_id,
-        "status": status.as_str(),
-        "amount": amount,
-        "refunded_amount": refunded_amount,
-        "currency": currency,
+        "status": order.status.as_str(),
+        "amount": order.amount,
+        "refunded_amount": order.refunded_amount,
+        "currency": order.currency,
         "provider": event.provider.as_str(),
         "event_id": event.event_id,
     })
@@ -384,7 +424,7 @@ fn queue_notice(
     )?
     .execute(params![
         order_id,
-        recipient,
+        order.customer_email,
         notice.template(),
         params_json,
         key,

@@ -191,6 +191,8 @@ fn run(mut conn: Connection, jobs: Receiver<Job>, config: WriterConfig, clock: S
 
 fn open_writer_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
     let conn = open_for_writing(&config.db_path, config.busy_timeout)?;
+    // Each delivery runs in a savepoint; keep its sub-journal in memory, never in a temp file.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     if let Some(pages) = config.max_page_count {
         conn.pragma_update(None, "max_page_count", pages as i64)?;
     }
