@@ -21,7 +21,10 @@ CREATE TABLE IF NOT EXISTS processed_events (
     -- ignored: an event type sekali does not act on, or no order reference;
     -- parked: a charge or dispute whose PaymentIntent is not linked to an order yet; applied
     --         (and its outcome updated) in the transaction that first links it.
-    outcome           TEXT NOT NULL CHECK (outcome IN ('processed', 'stale', 'ignored', 'parked')),
+    -- amount_mismatch: a payment for an order created through the API whose amount or currency
+    --         differs from the order's; the order went to needs_review instead of paid.
+    outcome           TEXT NOT NULL CHECK (outcome IN ('processed', 'stale', 'ignored', 'parked',
+                                                       'amount_mismatch')),
     received_at       TEXT NOT NULL,
     -- received_at plus the provider's retention; the purge deletes rows past it (never parked
     -- rows), and a redelivery after it is treated as a new event.
@@ -38,14 +41,17 @@ CREATE INDEX IF NOT EXISTS processed_events_received_at ON processed_events (rec
 CREATE INDEX IF NOT EXISTS processed_events_parked
     ON processed_events (payment_intent_id) WHERE outcome = 'parked';
 
--- The shop's orders as the webhooks have moved them. Never purged.
+-- The shop's orders, created through the API (POST /orders) or first seen in a webhook, and
+-- moved by the webhooks. Never purged.
 CREATE TABLE IF NOT EXISTS orders (
     order_id          TEXT PRIMARY KEY NOT NULL,
     provider          TEXT NOT NULL CHECK (provider IN ('stripe', 'midtrans')),
     -- Forward-only: pending -> paid | failed | cancelled | expired; failed -> paid;
     -- paid -> partially_refunded | refunded | disputed; partially_refunded -> refunded | disputed.
+    -- needs_review: a payment did not match an API order's amount or currency; only an operator
+    -- moves it on (sekali orders set-status).
     status            TEXT NOT NULL CHECK (status IN ('pending', 'paid', 'failed', 'cancelled',
-                          'expired', 'partially_refunded', 'refunded', 'disputed')),
+                          'expired', 'partially_refunded', 'refunded', 'disputed', 'needs_review')),
     amount            INTEGER,
     refunded_amount   INTEGER NOT NULL DEFAULT 0,
     currency          TEXT,
@@ -54,9 +60,17 @@ CREATE TABLE IF NOT EXISTS orders (
     payment_intent_id TEXT,
     created_at        TEXT NOT NULL,
     updated_at        TEXT NOT NULL,
-    -- The event that last changed the order.
-    last_event_id     TEXT NOT NULL
+    -- The event that last changed the order ('api:<client>' for creation through the API,
+    -- 'operator' for sekali orders set-status).
+    last_event_id     TEXT NOT NULL,
+    -- 'api': created by POST /orders (webhooks must then match its amount and currency);
+    -- 'webhook': first seen in a webhook.
+    source            TEXT NOT NULL DEFAULT 'webhook' CHECK (source IN ('webhook', 'api')),
+    -- The JSON object given at creation through the API, if any.
+    metadata          TEXT
 );
+
+CREATE INDEX IF NOT EXISTS orders_status ON orders (status, order_id);
 
 -- Every status change of every order, in the transaction that made it: the audit trail.
 -- from_status is NULL when the event created the order. One row per change, so
@@ -105,3 +119,23 @@ CREATE TABLE IF NOT EXISTS email_outbox (
 );
 
 CREATE INDEX IF NOT EXISTS email_outbox_status ON email_outbox (status, id);
+
+-- Idempotency-Key records for sekali's own API (POST /orders), per calling client. The claim,
+-- the work and the stored response commit in one transaction, so a row is always complete
+-- (status 'completed'); a retry with the same key and request gets response_body back byte for
+-- byte. A row past expires_at counts as absent; the purge removes it.
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    client                TEXT NOT NULL,
+    key                   TEXT NOT NULL,
+    -- hex SHA-256 of "METHOD path\n" + the RFC 8785 (JCS) form of the JSON body.
+    fingerprint           TEXT NOT NULL,
+    status                TEXT NOT NULL CHECK (status IN ('completed')),
+    response_status       INTEGER NOT NULL,
+    response_body         TEXT NOT NULL,
+    response_content_type TEXT NOT NULL,
+    created_at            TEXT NOT NULL,
+    expires_at            TEXT NOT NULL,
+    PRIMARY KEY (client, key)
+);
+
+CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys (expires_at);

@@ -41,6 +41,9 @@ pub enum Command {
     /// Inspect processed events (read-only).
     #[command(subcommand)]
     Events(EventsCommand),
+    /// Operator actions on orders.
+    #[command(subcommand)]
+    Orders(OrdersCommand),
 }
 
 #[derive(Debug, Args)]
@@ -79,6 +82,9 @@ pub struct ServeArgs {
     /// Deliveries that may wait for the writer before new ones get 503 with Retry-After.
     #[arg(long, default_value_t = config::DEFAULT_QUEUE_CAPACITY)]
     pub queue_capacity: usize,
+    /// How long Idempotency-Keys of the orders API and their stored responses are kept.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub idempotency_retention: Duration,
     /// HTTP worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub workers: usize,
@@ -138,6 +144,21 @@ pub struct ReplayArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum OrdersCommand {
+    /// Move an order to any status by hand (for example out of needs_review), recorded as an
+    /// `operator` transition; the new status's customer email is queued.
+    SetStatus {
+        /// The order id.
+        id: String,
+        /// pending, paid, failed, cancelled, expired, partially_refunded, refunded, disputed or
+        /// needs_review.
+        status: crate::domain::OrderStatus,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum EventsCommand {
     /// The newest processed events.
     List {
@@ -168,6 +189,9 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Replay(args) => replay(args),
         Command::Bench(args) => bench(args),
         Command::Events(command) => events(command),
+        Command::Orders(OrdersCommand::SetStatus { id, status, db }) => {
+            set_status(&id, status, &db)
+        }
     }
 }
 
@@ -178,7 +202,10 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 
 fn serve(args: ServeArgs) -> ExitCode {
     crate::telemetry::init();
-    let secrets = Secrets::from_env();
+    let secrets = match Secrets::from_env() {
+        Ok(secrets) => secrets,
+        Err(e) => return fail(e),
+    };
     if let Err(e) = secrets.require_any() {
         return fail(e);
     }
@@ -191,6 +218,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     settings.batch_max = args.batch_max as usize;
     settings.queue_capacity = args.queue_capacity;
     settings.workers = args.workers;
+    settings.idempotency_retention = args.idempotency_retention;
     let result = actix_web::rt::System::new().block_on(async move {
         let app = Application::build(settings, Arc::new(SystemClock)).map_err(|e| e.to_string())?;
         app.run_until_stopped().await.map_err(|e| e.to_string())
@@ -211,8 +239,12 @@ fn purge(args: DbArgs) -> ExitCode {
             )?)
         });
     match result {
-        Ok(n) => {
-            println!("purged {n} expired event ids");
+        Ok(purged) => {
+            println!("purged {} expired event ids", purged.events);
+            println!(
+                "purged {} expired idempotency keys",
+                purged.idempotency_keys
+            );
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),
@@ -257,7 +289,11 @@ fn bench(args: BenchArgs) -> ExitCode {
         rate: args.rate,
         check_db: args.check_db,
     };
-    match crate::bench::run_bench(&config, &Secrets::from_env()) {
+    let secrets = match Secrets::from_env() {
+        Ok(secrets) => secrets,
+        Err(e) => return fail(e),
+    };
+    match crate::bench::run_bench(&config, &secrets) {
         Ok(report) => {
             println!(
                 "{}",
@@ -276,7 +312,10 @@ fn bench(args: BenchArgs) -> ExitCode {
 }
 
 fn replay(args: ReplayArgs) -> ExitCode {
-    let secrets = Secrets::from_env();
+    let secrets = match Secrets::from_env() {
+        Ok(secrets) => secrets,
+        Err(e) => return fail(e),
+    };
     let result = actix_web::rt::System::new().block_on(crate::replay::replay_files(
         &args.url,
         args.provider,
@@ -287,6 +326,20 @@ fn replay(args: ReplayArgs) -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
+        Err(e) => fail(e),
+    }
+}
+
+fn set_status(id: &str, status: crate::domain::OrderStatus, db: &DbArgs) -> ExitCode {
+    let conn = match store::open_existing(&db.db, true, store::DEFAULT_BUSY_TIMEOUT) {
+        Ok(conn) => conn,
+        Err(e) => return fail(e),
+    };
+    match store::orders::set_status_by_operator(&conn, id, status, SystemClock.now_unix()) {
+        Ok(previous) => {
+            println!("order {id}: {previous} -> {status}");
+            ExitCode::SUCCESS
+        }
         Err(e) => fail(e),
     }
 }

@@ -12,6 +12,10 @@ use crate::store::DEFAULT_BUSY_TIMEOUT;
 
 pub const ENV_STRIPE_SECRET: &str = "STRIPE_WEBHOOK_SECRET";
 pub const ENV_MIDTRANS_KEY: &str = "MIDTRANS_SERVER_KEY";
+pub const ENV_API_TOKENS: &str = "SEKALI_API_TOKENS";
+
+/// Idempotency keys of sekali's own API are kept a day, as Stripe keeps them.
+pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// 1 MiB: a Stripe event is a few kilobytes; anything near this is not a webhook.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -30,10 +34,23 @@ pub struct Secrets {
     /// Every listed secret is accepted (rotation).
     pub stripe: Vec<SecretString>,
     pub midtrans: Option<SecretString>,
+    /// Bearer tokens for the orders API, each with the name of the calling service; empty means
+    /// the orders API is off (404).
+    pub api_tokens: Vec<ApiToken>,
+}
+
+/// One `name:token` pair from `SEKALI_API_TOKENS`. The name identifies the calling service (keys
+/// are scoped to it); the token is compared in constant time and never printed.
+#[derive(Debug, Clone)]
+pub struct ApiToken {
+    pub name: String,
+    pub token: SecretString,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error("{ENV_API_TOKENS} must be comma-separated name:token pairs with non-empty names and tokens; entry {0} is not")]
+    BadApiToken(usize),
     #[error(
         "refusing to start: no provider is configured. Set {ENV_STRIPE_SECRET} (comma-separated \
          whsec_... secrets) and/or {ENV_MIDTRANS_KEY} (the Midtrans server key)"
@@ -42,12 +59,16 @@ pub enum ConfigError {
 }
 
 impl Secrets {
-    /// Reads `STRIPE_WEBHOOK_SECRET` (comma-separated) and `MIDTRANS_SERVER_KEY`.
-    pub fn from_env() -> Self {
-        Self::from_values(
+    /// Reads `STRIPE_WEBHOOK_SECRET` (comma-separated), `MIDTRANS_SERVER_KEY` and
+    /// `SEKALI_API_TOKENS` (comma-separated `name:token`).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let mut secrets = Self::from_values(
             std::env::var(ENV_STRIPE_SECRET).ok().as_deref(),
             std::env::var(ENV_MIDTRANS_KEY).ok().as_deref(),
-        )
+        );
+        secrets.api_tokens =
+            parse_api_tokens(std::env::var(ENV_API_TOKENS).ok().as_deref().unwrap_or(""))?;
+        Ok(secrets)
     }
 
     pub fn from_values(stripe: Option<&str>, midtrans: Option<&str>) -> Self {
@@ -62,7 +83,11 @@ impl Secrets {
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .map(|s| SecretString::from(s.to_owned()));
-        Secrets { stripe, midtrans }
+        Secrets {
+            stripe,
+            midtrans,
+            api_tokens: Vec::new(),
+        }
     }
 
     pub fn require_any(&self) -> Result<(), ConfigError> {
@@ -71,6 +96,24 @@ impl Secrets {
         }
         Ok(())
     }
+}
+
+/// Parses `name:token,name:token`; blank input means no tokens (the orders API is off).
+pub fn parse_api_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .enumerate()
+        .map(|(i, entry)| match entry.split_once(':') {
+            Some((name, token)) if !name.trim().is_empty() && !token.trim().is_empty() => {
+                Ok(ApiToken {
+                    name: name.trim().to_owned(),
+                    token: SecretString::from(token.trim().to_owned()),
+                })
+            }
+            _ => Err(ConfigError::BadApiToken(i + 1)),
+        })
+        .collect()
 }
 
 /// Everything `sekali serve` needs.
@@ -94,6 +137,8 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// A client must send its request head within this time, else 408 (slow-header defence).
     pub client_request_timeout: Duration,
+    /// How long an Idempotency-Key and its stored response are kept.
+    pub idempotency_retention: Duration,
     /// Cap on the database size in pages (see [`crate::store::WriterConfig::max_page_count`]).
     pub max_page_count: Option<u64>,
     /// Install SIGTERM / ctrl-c handlers (off in tests, which stop the server themselves).
@@ -119,6 +164,7 @@ impl Settings {
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             shutdown_timeout: Duration::from_secs(30),
             client_request_timeout: Duration::from_secs(5),
+            idempotency_retention: DEFAULT_IDEMPOTENCY_RETENTION,
             max_page_count: None,
             handle_signals: true,
         }

@@ -65,6 +65,8 @@ impl Application {
             clock,
             writer: writer.clone(),
             reads,
+            idempotency_retention_secs: settings.idempotency_retention.as_secs() as i64,
+            in_flight: Default::default(),
         });
         let mut server = HttpServer::new(move || {
             App::new()

@@ -63,6 +63,10 @@ pub struct StatusChange {
     pub target: OrderStatus,
     /// The order's amount in minor units, when the event states it.
     pub amount: Option<i64>,
+    /// What the payment itself says was paid, in minor units (Stripe `amount_received`,
+    /// Checkout `amount_total`, Midtrans `gross_amount`); checked against an API order's amount
+    /// on a move to paid.
+    pub paid_amount: Option<i64>,
     /// Cumulative refunded amount in minor units (refund events only).
     pub refunded_amount: Option<i64>,
     pub currency: Option<String>,

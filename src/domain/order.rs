@@ -20,10 +20,13 @@ pub enum OrderStatus {
     PartiallyRefunded,
     Refunded,
     Disputed,
+    /// A payment did not match an API order's amount or currency. Only an operator moves the
+    /// order on; webhooks on it are stale.
+    NeedsReview,
 }
 
 impl OrderStatus {
-    pub const ALL: [OrderStatus; 8] = [
+    pub const ALL: [OrderStatus; 9] = [
         OrderStatus::Pending,
         OrderStatus::Paid,
         OrderStatus::Failed,
@@ -32,6 +35,7 @@ impl OrderStatus {
         OrderStatus::PartiallyRefunded,
         OrderStatus::Refunded,
         OrderStatus::Disputed,
+        OrderStatus::NeedsReview,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -44,6 +48,7 @@ impl OrderStatus {
             OrderStatus::PartiallyRefunded => "partially_refunded",
             OrderStatus::Refunded => "refunded",
             OrderStatus::Disputed => "disputed",
+            OrderStatus::NeedsReview => "needs_review",
         }
     }
 
@@ -51,11 +56,11 @@ impl OrderStatus {
     fn successors(self) -> &'static [OrderStatus] {
         use OrderStatus::*;
         match self {
-            Pending => &[Paid, Failed, Cancelled, Expired],
-            Failed => &[Paid],
+            Pending => &[Paid, Failed, Cancelled, Expired, NeedsReview],
+            Failed => &[Paid, NeedsReview],
             Paid => &[PartiallyRefunded, Refunded, Disputed],
             PartiallyRefunded => &[Refunded, Disputed],
-            Cancelled | Expired | Refunded | Disputed => &[],
+            Cancelled | Expired | Refunded | Disputed | NeedsReview => &[],
         }
     }
 

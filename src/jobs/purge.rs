@@ -20,15 +20,15 @@ pub async fn run_purge_job(
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(interval) => {}
         }
-        let mut total = 0usize;
+        let mut total = crate::store::purge::Purged::default();
         loop {
             if shutdown.is_cancelled() {
                 break;
             }
             match writer.purge_batch(batch).await {
-                Ok(deleted) => {
-                    total += deleted;
-                    if deleted < batch {
+                Ok(purged) => {
+                    total += purged;
+                    if !purged.was_full(batch) {
                         break;
                     }
                 }
@@ -38,7 +38,13 @@ pub async fn run_purge_job(
                 }
             }
         }
-        tracing::info!(purged = total, "purged {total} expired event ids");
+        tracing::info!(
+            events = total.events,
+            idempotency_keys = total.idempotency_keys,
+            "purged {} expired event ids and {} expired idempotency keys",
+            total.events,
+            total.idempotency_keys
+        );
     }
     tracing::debug!("purge job stopped");
 }

@@ -223,6 +223,7 @@ impl Notification {
         let change = self.target_status().map(|target| StatusChange {
             target,
             amount: parse_decimal_minor_units(self.gross_amount.as_text()),
+            paid_amount: parse_decimal_minor_units(self.gross_amount.as_text()),
             refunded_amount: if target.is_refund() {
                 self.refunded_amount()
             } else {

@@ -159,6 +159,7 @@ struct EventObject {
     id: Option<String>,
     amount: Option<i64>,
     amount_total: Option<i64>,
+    amount_received: Option<i64>,
     amount_refunded: Option<i64>,
     currency: Option<String>,
     metadata: Option<Metadata>,
@@ -277,6 +278,13 @@ pub fn parse_event(body: &[u8]) -> Result<NormalizedEvent, PayloadError> {
             amount: match kind {
                 "charge.dispute.created" => None,
                 _ => object.amount_total.or(object.amount),
+            },
+            paid_amount: if kind.starts_with("payment_intent.") {
+                object.amount_received
+            } else if kind.starts_with("checkout.session.") {
+                object.amount_total
+            } else {
+                None
             },
             refunded_amount: (kind == "charge.refunded")
                 .then_some(object.amount_refunded.unwrap_or(0)),

@@ -2,8 +2,11 @@
 //! (the provider stops or gives up), our own transient fault 503 (the provider retries),
 //! duplicates 2xx.
 
+pub mod api;
 mod error;
 mod health;
+mod orders;
+pub mod problem;
 mod webhooks;
 
 use actix_web::{web, HttpResponse};
@@ -23,6 +26,9 @@ pub struct AppState {
     pub clock: SharedClock,
     pub writer: Writer,
     pub reads: ReadPool,
+    pub idempotency_retention_secs: i64,
+    /// Idempotency-Keys whose first request is being processed now.
+    pub in_flight: api::InFlightKeys,
 }
 
 impl AppState {
@@ -38,6 +44,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::post().to(webhooks::midtrans_webhook),
         )
         .route("/healthz", web::get().to(health::healthz))
+        .route("/orders", web::post().to(orders::create_order))
+        .route("/orders", web::get().to(orders::list_orders))
+        .route("/orders/{order_id}", web::get().to(orders::get_order))
         .default_service(web::to(not_found));
 }
 

@@ -20,6 +20,9 @@ pub enum Outcome {
     Stale,
     Ignored,
     Parked,
+    /// A payment for an API order did not match its amount or currency: the order went to
+    /// `needs_review` instead of `paid`.
+    AmountMismatch,
     /// The event id was already claimed: nothing changed.
     Duplicate,
 }
@@ -31,6 +34,7 @@ impl Outcome {
             Outcome::Stale => "stale",
             Outcome::Ignored => "ignored",
             Outcome::Parked => "parked",
+            Outcome::AmountMismatch => "amount_mismatch",
             Outcome::Duplicate => "duplicate",
         }
     }
@@ -172,19 +176,25 @@ fn set_event_outcome(
 
 /// An order row as the state machine sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct OrderState {
-    status: OrderStatus,
-    amount: Option<i64>,
-    refunded_amount: i64,
-    currency: Option<String>,
-    customer_email: Option<String>,
-    payment_intent_id: Option<String>,
+pub(crate) struct OrderState {
+    pub(crate) status: OrderStatus,
+    /// Created through the API (its amount and currency are the shop's own).
+    pub(crate) from_api: bool,
+    pub(crate) amount: Option<i64>,
+    pub(crate) refunded_amount: i64,
+    pub(crate) currency: Option<String>,
+    pub(crate) customer_email: Option<String>,
+    pub(crate) payment_intent_id: Option<String>,
 }
 
-fn load_order(conn: &Connection, order_id: &str) -> Result<Option<OrderState>, StoreError> {
+pub(crate) fn load_order(
+    conn: &Connection,
+    order_id: &str,
+) -> Result<Option<OrderState>, StoreError> {
     let row = conn
         .prepare_cached(
-            "SELECT status, amount, refunded_amount, currency, customer_email, payment_intent_id
+            "SELECT status, amount, refunded_amount, currency, customer_email, payment_intent_id,
+                    source = 'api'
              FROM orders WHERE order_id = ?1",
         )?
         .query_row([order_id], |row| {
@@ -192,6 +202,7 @@ fn load_order(conn: &Connection, order_id: &str) -> Result<Option<OrderState>, S
                 row.get::<_, String>(0)?,
                 OrderState {
                     status: OrderStatus::Pending, // replaced below
+                    from_api: row.get(6)?,
                     amount: row.get(1)?,
                     refunded_amount: row.get(2)?,
                     currency: row.get(3)?,
@@ -230,6 +241,7 @@ fn apply_change(
             // First seen through this event: created in the state the event reports.
             let state = OrderState {
                 status: change.target,
+                from_api: false,
                 amount: change.amount,
                 refunded_amount: if change.target.is_refund() {
                     change.refunded_amount.unwrap_or(0)
@@ -258,8 +270,23 @@ fn apply_change(
                 now,
                 event.event_id,
             ])?;
-            record_transition(conn, event, order_id, None, &state, now)?;
-            queue_notice(conn, event, order_id, &state, now)?;
+            record_transition(
+                conn,
+                event.provider.as_str(),
+                &event.event_id,
+                order_id,
+                None,
+                &state,
+                now,
+            )?;
+            queue_notice(
+                conn,
+                event.provider.as_str(),
+                &event.event_id,
+                order_id,
+                &state,
+                now,
+            )?;
             Outcome::Processed
         }
         Some(current) => move_existing_order(conn, event, change, order_id, &current, now)?,
@@ -295,6 +322,7 @@ fn move_existing_order(
     // any event, even one that does not move the status; they are not effects.
     let mut next = OrderState {
         status: current.status,
+        from_api: current.from_api,
         amount: current.amount.or(change.amount),
         refunded_amount: current.refunded_amount,
         currency: current.currency.clone().or_else(|| change.currency.clone()),
@@ -310,6 +338,20 @@ fn move_existing_order(
 
     if further_refund || forward {
         next.status = target;
+        let mismatch =
+            target == OrderStatus::Paid && current.from_api && payment_mismatch(current, change);
+        if mismatch {
+            // Do not mark it paid: an operator has to look (sekali orders set-status).
+            next.status = OrderStatus::NeedsReview;
+            tracing::warn!(
+                order_id,
+                expected_amount = ?current.amount,
+                paid_amount = ?change.paid_amount,
+                expected_currency = ?current.currency,
+                paid_currency = ?change.currency,
+                "payment does not match the order; order moved to needs_review"
+            );
+        }
         if let Some(reported) = change.refunded_amount {
             next.refunded_amount = next.refunded_amount.max(reported);
         }
@@ -334,9 +376,28 @@ fn move_existing_order(
             now,
             event.event_id,
         ])?;
-        record_transition(conn, event, order_id, Some(current.status), &next, now)?;
-        queue_notice(conn, event, order_id, &next, now)?;
-        return Ok(Outcome::Processed);
+        record_transition(
+            conn,
+            event.provider.as_str(),
+            &event.event_id,
+            order_id,
+            Some(current.status),
+            &next,
+            now,
+        )?;
+        queue_notice(
+            conn,
+            event.provider.as_str(),
+            &event.event_id,
+            order_id,
+            &next,
+            now,
+        )?;
+        return Ok(if mismatch {
+            Outcome::AmountMismatch
+        } else {
+            Outcome::Processed
+        });
     }
 
     if next != *current {
@@ -361,10 +422,23 @@ fn move_existing_order(
     })
 }
 
+/// True when a payment's amount or currency differs from what the order asked for (currencies
+/// compare case-insensitively: Stripe sends `idr`, Midtrans `IDR`).
+fn payment_mismatch(order: &OrderState, change: &StatusChange) -> bool {
+    let amount_differs =
+        matches!((order.amount, change.paid_amount), (Some(want), Some(paid)) if want != paid);
+    let currency_differs = matches!(
+        (&order.currency, &change.currency),
+        (Some(want), Some(paid)) if !want.eq_ignore_ascii_case(paid)
+    );
+    amount_differs || currency_differs
+}
+
 /// Appends to the audit trail; called exactly where the order's status or refund changes.
-fn record_transition(
+pub(crate) fn record_transition(
     conn: &Connection,
-    event: &NormalizedEvent,
+    provider: &str,
+    event_id: &str,
     order_id: &str,
     from: Option<OrderStatus>,
     to: &OrderState,
@@ -380,8 +454,8 @@ fn record_transition(
         from.map(OrderStatus::as_str),
         to.status.as_str(),
         to.refunded_amount,
-        event.provider.as_str(),
-        event.event_id,
+        provider,
+        event_id,
         now
     ])?;
     Ok(())
@@ -390,9 +464,10 @@ fn record_transition(
 /// Queues the notice for the status in `order` if it has one. The idempotency key is derived
 /// from the change itself, so two different events announcing the same change cannot queue two
 /// emails.
-fn queue_notice(
+pub(crate) fn queue_notice(
     conn: &Connection,
-    event: &NormalizedEvent,
+    provider: &str,
+    event_id: &str,
     order_id: &str,
     order: &OrderState,
     now: &str,
@@ -412,8 +487,8 @@ fn queue_notice(
         "amount": order.amount,
         "refunded_amount": order.refunded_amount,
         "currency": order.currency,
-        "provider": event.provider.as_str(),
-        "event_id": event.event_id,
+        "provider": provider,
+        "event_id": event_id,
     })
     .to_string();
     conn.prepare_cached(
@@ -429,7 +504,7 @@ fn queue_notice(
         params_json,
         key,
         now,
-        event.event_id
+        event_id
     ])?;
     Ok(())
 }

@@ -6,6 +6,8 @@
 
 pub mod backup;
 pub mod events;
+pub mod idempotency;
+pub mod orders;
 pub mod purge;
 pub mod reads;
 pub mod schema;

@@ -25,17 +25,45 @@ pub fn purge_expired_events(
     .execute(params![iso_seconds(now_unix), limit as i64])
 }
 
-/// One batch in its own `BEGIN IMMEDIATE` transaction; returns how many rows it deleted.
+/// What one purge batch or pass deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    pub events: usize,
+    pub idempotency_keys: usize,
+}
+
+impl Purged {
+    /// True when either table may hold more expired rows than this batch took.
+    pub fn was_full(&self, batch: usize) -> bool {
+        self.events >= batch || self.idempotency_keys >= batch
+    }
+}
+
+impl std::ops::AddAssign for Purged {
+    fn add_assign(&mut self, other: Purged) {
+        self.events += other.events;
+        self.idempotency_keys += other.idempotency_keys;
+    }
+}
+
+/// One batch (up to `limit` rows of each table) in its own `BEGIN IMMEDIATE` transaction.
 pub fn purge_batch_in_transaction(
     conn: &Connection,
     now_unix: i64,
     limit: usize,
-) -> rusqlite::Result<usize> {
+) -> rusqlite::Result<Purged> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
-    match purge_expired_events(conn, now_unix, limit) {
-        Ok(deleted) => {
+    let result = purge_expired_events(conn, now_unix, limit).and_then(|events| {
+        let idempotency_keys = super::idempotency::purge_expired_keys(conn, now_unix, limit)?;
+        Ok(Purged {
+            events,
+            idempotency_keys,
+        })
+    });
+    match result {
+        Ok(purged) => {
             conn.execute_batch("COMMIT")?;
-            Ok(deleted)
+            Ok(purged)
         }
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
@@ -44,18 +72,18 @@ pub fn purge_batch_in_transaction(
     }
 }
 
-/// A whole purge pass on a connection of its own (the `sekali purge` command): batches of
-/// `batch` rows, each in its own transaction, until one comes back short.
+/// A whole purge pass on a connection of its own (the `sekali purge` command): batches in their
+/// own transactions until one comes back short.
 pub fn purge_all_expired(
     conn: &Connection,
     now_unix: i64,
     batch: usize,
-) -> rusqlite::Result<usize> {
-    let mut total = 0;
+) -> rusqlite::Result<Purged> {
+    let mut total = Purged::default();
     loop {
-        let deleted = purge_batch_in_transaction(conn, now_unix, batch)?;
-        total += deleted;
-        if deleted < batch {
+        let purged = purge_batch_in_transaction(conn, now_unix, batch)?;
+        total += purged;
+        if !purged.was_full(batch) {
             return Ok(total);
         }
     }

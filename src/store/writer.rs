@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 use tracing::Span;
 
 use super::events::{record_event_and_apply, Outcome, Retention};
+use super::idempotency::{run_idempotent, IdempotentOutcome, IdempotentRequest};
 use super::{open_for_writing, purge, StoreError};
 use crate::clock::SharedClock;
 use crate::domain::NormalizedEvent;
@@ -53,17 +54,72 @@ pub enum WriteError {
 
 type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
 
-/// A delivery waiting for the writer, with the span of the request that sent it.
+/// One unit of work for its own savepoint in a batch, with the span of the request that sent it.
 struct RecordJob {
-    event: NormalizedEvent,
-    payload: String,
-    reply: Reply<Outcome>,
+    work: Work,
     span: Span,
+}
+
+enum Work {
+    /// A verified webhook delivery: claim the event and apply its effects.
+    Delivery {
+        event: NormalizedEvent,
+        payload: String,
+        reply: Reply<Outcome>,
+    },
+    /// A request to sekali's own API under an Idempotency-Key.
+    Idempotent {
+        request: IdempotentRequest,
+        reply: Reply<IdempotentOutcome>,
+    },
+}
+
+impl Work {
+    /// Answers 503: the work did not commit.
+    fn fail(self) {
+        match self {
+            Work::Delivery { reply, .. } => Done::Delivery(reply, Err(transaction_lost())).answer(),
+            Work::Idempotent { reply, .. } => {
+                Done::Idempotent(reply, Err(transaction_lost())).answer()
+            }
+        }
+    }
+}
+
+/// Work done inside the open transaction, waiting for COMMIT before it is answered.
+enum Done {
+    Delivery(Reply<Outcome>, Result<Outcome, StoreError>),
+    Idempotent(
+        Reply<IdempotentOutcome>,
+        Result<IdempotentOutcome, StoreError>,
+    ),
+}
+
+impl Done {
+    /// Sends the result. The caller may have gone (client disconnected); committed work stays
+    /// committed, and a retry finds it (a duplicate, or the stored response).
+    fn answer(self) {
+        match self {
+            Done::Delivery(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
+            Done::Idempotent(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
+        }
+    }
+
+    /// Answers 503: the transaction holding this work did not commit.
+    fn fail(self) {
+        match self {
+            Done::Delivery(reply, _) => Done::Delivery(reply, Err(transaction_lost())).answer(),
+            Done::Idempotent(reply, _) => Done::Idempotent(reply, Err(transaction_lost())).answer(),
+        }
+    }
 }
 
 enum Job {
     Record(Box<RecordJob>),
-    PurgeBatch { limit: usize, reply: Reply<usize> },
+    PurgeBatch {
+        limit: usize,
+        reply: Reply<purge::Purged>,
+    },
     Shutdown,
 }
 
@@ -98,17 +154,34 @@ impl Writer {
     ) -> Result<Outcome, WriteError> {
         let (reply, answer) = oneshot::channel();
         let job = RecordJob {
-            event,
-            payload,
-            reply,
+            work: Work::Delivery {
+                event,
+                payload,
+                reply,
+            },
             span: Span::current(),
         };
         self.submit(Job::Record(Box::new(job)))?;
         answer.await.unwrap_or(Err(WriteError::WriterGone))
     }
 
-    /// Deletes up to `limit` expired event ids in one transaction; returns how many.
-    pub async fn purge_batch(&self, limit: usize) -> Result<usize, WriteError> {
+    /// Runs `request` under its Idempotency-Key in the writer's transaction; resolves after the
+    /// COMMIT that contains it.
+    pub async fn idempotent(
+        &self,
+        request: IdempotentRequest,
+    ) -> Result<IdempotentOutcome, WriteError> {
+        let (reply, answer) = oneshot::channel();
+        let job = RecordJob {
+            work: Work::Idempotent { request, reply },
+            span: Span::current(),
+        };
+        self.submit(Job::Record(Box::new(job)))?;
+        answer.await.unwrap_or(Err(WriteError::WriterGone))
+    }
+
+    /// Deletes up to `limit` expired event ids and idempotency keys in one transaction.
+    pub async fn purge_batch(&self, limit: usize) -> Result<purge::Purged, WriteError> {
         let (reply, answer) = oneshot::channel();
         self.submit(Job::PurgeBatch { limit, reply })?;
         answer.await.unwrap_or(Err(WriteError::WriterGone))
@@ -223,54 +296,42 @@ fn commit_batch(
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let broken = is_connection_fault(&e);
         tracing::error!(error = ?StoreError::from(e), "could not begin the write transaction");
-        fail_all(records.into_iter().map(|job| job.reply));
+        records.into_iter().for_each(|job| job.work.fail());
         return broken;
     }
     if fault_injected("writer::after_begin") {
         let _ = conn.execute_batch("ROLLBACK");
-        fail_all(records.into_iter().map(|job| job.reply));
+        records.into_iter().for_each(|job| job.work.fail());
         return false;
     }
-    let mut answers: Vec<(Reply<Outcome>, Result<Outcome, StoreError>)> =
-        Vec::with_capacity(records.len());
-    for RecordJob {
-        event,
-        payload,
-        reply,
-        span,
-    } in records
-    {
-        let result =
-            span.in_scope(|| record_in_savepoint(conn, &event, &payload, now_unix, retention));
-        match result {
-            Ok(result) => answers.push((reply, result)),
-            Err(broken) => {
-                // The savepoint could not be undone, or SQLite rolled the whole transaction back
-                // by itself (it does on SQLITE_FULL, SQLITE_IOERR and similar): nothing in this
-                // batch may commit.
-                tracing::error!(error = ?broken, "the batch transaction is lost; every delivery in it gets 503");
-                if !conn.is_autocommit() {
-                    let _ = conn.execute_batch("ROLLBACK");
-                }
-                let reopen = matches!(&broken, StoreError::Sqlite(e) if is_connection_fault(e));
-                let _ = reply.send(Err(broken.into()));
-                fail_all(answers.into_iter().map(|(reply, _)| reply));
-                return reopen;
+    let mut done: Vec<Done> = Vec::with_capacity(records.len());
+    for RecordJob { work, span } in records {
+        let (finished, broken) = span.in_scope(|| run_work(conn, work, now_unix, retention));
+        done.push(finished);
+        if let Some(broken) = broken {
+            // The savepoint could not be undone, or SQLite rolled the whole transaction back by
+            // itself (it does on SQLITE_FULL, SQLITE_IOERR and similar): nothing in this batch
+            // may commit.
+            tracing::error!(error = ?broken, "the batch transaction is lost; everything in it gets 503");
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
             }
+            done.into_iter().for_each(Done::fail);
+            return matches!(&broken, StoreError::Sqlite(e) if is_connection_fault(e));
         }
     }
     if fault_injected("writer::before_commit") {
         let _ = conn.execute_batch("ROLLBACK");
-        fail_all(answers.into_iter().map(|(reply, _)| reply));
+        done.into_iter().for_each(Done::fail);
         return false;
     }
     if let Err(e) = conn.execute_batch("COMMIT") {
         let broken = is_connection_fault(&e);
-        tracing::error!(error = ?StoreError::from(e), "COMMIT failed; every delivery in the batch gets 503");
+        tracing::error!(error = ?StoreError::from(e), "COMMIT failed; everything in the batch gets 503");
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
-        fail_all(answers.into_iter().map(|(reply, _)| reply));
+        done.into_iter().for_each(Done::fail);
         return broken;
     }
     if fault_injected("writer::after_commit") {
@@ -278,12 +339,44 @@ fn commit_batch(
         // the callers get 503 and the provider's redelivery is answered as a duplicate.
         return false;
     }
-    for (reply, result) in answers {
-        // The caller may have gone (client disconnected); the event is committed regardless and
-        // a redelivery will be answered as a duplicate.
-        let _ = reply.send(result.map_err(WriteError::from));
-    }
+    done.into_iter().for_each(Done::answer);
     false
+}
+
+/// Runs one unit of work in its savepoint. The second value is set when the enclosing
+/// transaction is no longer usable.
+fn run_work(
+    conn: &Connection,
+    work: Work,
+    now_unix: i64,
+    retention: &Retention,
+) -> (Done, Option<StoreError>) {
+    match work {
+        Work::Delivery {
+            event,
+            payload,
+            reply,
+        } => {
+            let keep = |outcome: &Outcome| *outcome != Outcome::Duplicate;
+            match in_savepoint(
+                conn,
+                |c| record_event_and_apply(c, &event, &payload, now_unix, retention),
+                keep,
+            ) {
+                Ok(result) => (Done::Delivery(reply, result), None),
+                Err(broken) => (Done::Delivery(reply, Err(transaction_lost())), Some(broken)),
+            }
+        }
+        Work::Idempotent { request, reply } => {
+            match in_savepoint(conn, |c| run_idempotent(c, request, now_unix), |_| true) {
+                Ok(result) => (Done::Idempotent(reply, result), None),
+                Err(broken) => (
+                    Done::Idempotent(reply, Err(transaction_lost())),
+                    Some(broken),
+                ),
+            }
+        }
+    }
 }
 
 /// Errors after which this connection should not be trusted again. Busy and full are not among
@@ -297,31 +390,28 @@ fn is_connection_fault(error: &rusqlite::Error) -> bool {
     )
 }
 
-/// Runs one delivery inside `SAVEPOINT delivery`. The inner result is the delivery's own
-/// (an error there was rolled back alone); the outer error means the enclosing transaction is
-/// no longer usable.
-fn record_in_savepoint(
+/// Runs `work` inside `SAVEPOINT delivery`, rolled back unless it succeeded and `keep` says so.
+/// The inner result is the work's own (an error there was rolled back alone); the outer error
+/// means the enclosing transaction is no longer usable.
+fn in_savepoint<T>(
     conn: &Connection,
-    event: &NormalizedEvent,
-    payload: &str,
-    now_unix: i64,
-    retention: &Retention,
-) -> Result<Result<Outcome, StoreError>, StoreError> {
+    work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    keep: impl Fn(&T) -> bool,
+) -> Result<Result<T, StoreError>, StoreError> {
     conn.prepare_cached("SAVEPOINT delivery")?.execute([])?;
-    let result = record_event_and_apply(conn, event, payload, now_unix, retention);
+    let result = work(conn);
     if conn.is_autocommit() {
         return Err(match result {
             Err(e) => e,
             Ok(_) => transaction_lost(),
         });
     }
-    let keep = matches!(result, Ok(outcome) if outcome != Outcome::Duplicate);
-    if !keep {
+    if !matches!(&result, Ok(value) if keep(value)) {
         conn.prepare_cached("ROLLBACK TO delivery")?.execute([])?;
     }
     conn.prepare_cached("RELEASE delivery")?.execute([])?;
     if let Err(e) = &result {
-        tracing::error!(error = ?e, "delivery failed and was rolled back alone");
+        tracing::error!(error = ?e, "work failed and was rolled back alone");
     }
     Ok(result)
 }
@@ -338,11 +428,4 @@ fn transaction_lost() -> StoreError {
 fn fault_injected(_name: &'static str) -> bool {
     fail::fail_point!(_name, |_| true);
     false
-}
-
-/// Answers 503 to every caller: their deliveries did not commit.
-fn fail_all(replies: impl Iterator<Item = Reply<Outcome>>) {
-    for reply in replies {
-        let _ = reply.send(Err(WriteError::Store(transaction_lost())));
-    }
 }

@@ -11,5 +11,6 @@ mod known_answers;
 mod limits;
 mod midtrans;
 mod ordering;
+mod orders;
 mod purge;
 mod stripe;

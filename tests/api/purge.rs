@@ -60,7 +60,7 @@ async fn the_purge_command_removes_only_expired_ids_and_keeps_orders() {
     assert!(output.status.success(), "{output:?}");
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        "purged 2 expired event ids\n"
+        "purged 2 expired event ids\npurged 0 expired idempotency keys\n"
     );
 
     let after = app.row_counts();
@@ -107,7 +107,7 @@ async fn parked_events_survive_the_purge() {
         .unwrap();
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        "purged 0 expired event ids\n"
+        "purged 0 expired event ids\npurged 0 expired idempotency keys\n"
     );
 }
 

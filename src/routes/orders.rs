@@ -1,0 +1,240 @@
+//! `POST /orders`, `GET /orders/{id}`, `GET /orders`: the shop's own API.
+
+use actix_web::{http::header, web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::api::{ApiClient, IdempotencyKey, InFlightKeys};
+use super::problem::Problem;
+use super::AppState;
+use crate::domain::{OrderStatus, Provider};
+use crate::store::idempotency::{IdempotentOutcome, IdempotentRequest, StoredResponse};
+use crate::store::orders::{self, NewOrder};
+
+/// The body of `POST /orders`. Unknown fields are refused, so a typo is not silently dropped.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateOrderRequest {
+    order_id: Option<String>,
+    amount: i64,
+    currency: String,
+    provider: String,
+    customer_email: Option<String>,
+    metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Checks the request; returns the order to create (without its id when none was given) and
+/// the body's RFC 8785 canonical form for the fingerprint.
+fn validate(body: &[u8]) -> Result<(CreateOrderRequest, Vec<u8>), Problem> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| Problem::invalid_request(format!("the body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(Problem::invalid_request("the body must be a JSON object"));
+    }
+    let request: CreateOrderRequest =
+        serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+            // Name the field: "amount: invalid type: floating point `10.5`, expected i64".
+            match e.path().to_string().as_str() {
+                "." => Problem::invalid_request(e.inner().to_string()),
+                path => Problem::invalid_request(format!("{path}: {}", e.inner())),
+            }
+        })?;
+    if let Some(id) = &request.order_id {
+        let valid = (1..=64).contains(&id.len())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+        if !valid {
+            return Err(Problem::invalid_request(
+                "order_id must be 1-64 characters of letters, digits, '-', '_', '.' or ':'",
+            ));
+        }
+    }
+    if request.amount <= 0 {
+        return Err(Problem::invalid_request(
+            "amount must be a positive integer in minor units (e.g. 1500 for $15.00)",
+        ));
+    }
+    if request.currency.len() != 3 || !request.currency.bytes().all(|b| b.is_ascii_alphabetic()) {
+        return Err(Problem::invalid_request(
+            "currency must be a three-letter code such as usd or IDR",
+        ));
+    }
+    if request.provider.parse::<Provider>().is_err() {
+        return Err(Problem::invalid_request(
+            "provider must be `stripe` or `midtrans`",
+        ));
+    }
+    if let Some(email) = &request.customer_email {
+        let plausible = email.len() <= 254
+            && !email.contains(char::is_whitespace)
+            && email
+                .split_once('@')
+                .is_some_and(|(l, d)| !l.is_empty() && d.contains('.'));
+        if !plausible {
+            return Err(Problem::invalid_request(
+                "customer_email must be an email address such as name@example.com",
+            ));
+        }
+    }
+    let canonical =
+        serde_jcs::to_vec(&value).map_err(|e| Problem::invalid_request(e.to_string()))?;
+    Ok((request, canonical))
+}
+
+/// SHA-256 of `"METHOD path\n"` and the canonical body: key order and whitespace do not change
+/// it, the query string is not part of it.
+fn fingerprint(method: &str, path: &str, canonical_body: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(format!("{method} {path}\n").as_bytes());
+    hasher.update(canonical_body);
+    hex::encode(hasher.finalize())
+}
+
+fn generated_order_id() -> String {
+    format!("ord_{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..))
+}
+
+fn respond(stored: StoredResponse, replayed: bool) -> HttpResponse {
+    let status = actix_web::http::StatusCode::from_u16(stored.status)
+        .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::build(status);
+    response.insert_header((header::CONTENT_TYPE, stored.content_type));
+    if replayed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    response.body(stored.body)
+}
+
+/// Checks, in order: authentication (401), the key (400), the request (400, never stored), then
+/// the key's record. The claim, the order and the stored response commit in one transaction.
+pub async fn create_order(
+    client: ApiClient,
+    key: IdempotencyKey,
+    req: HttpRequest,
+    body: web::Bytes,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    let (request, canonical) = validate(&body)?;
+    let fingerprint = fingerprint(req.method().as_str(), req.path(), &canonical);
+    let Some(_in_flight) = InFlightKeys::begin(&state, &client.0, &key.0) else {
+        return Err(Problem::request_in_flight());
+    };
+    let order = NewOrder {
+        order_id: request.order_id.unwrap_or_else(generated_order_id),
+        amount: request.amount,
+        currency: request.currency,
+        provider: request.provider,
+        customer_email: request.customer_email,
+        metadata: request
+            .metadata
+            .map(|m| serde_json::Value::Object(m).to_string()),
+    };
+    let client_name = client.0.clone();
+    let work = Box::new(move |conn: &rusqlite::Connection, now: i64| {
+        Ok(
+            match orders::insert_api_order(conn, &order, &client_name, now)? {
+                Some(view) => StoredResponse {
+                    status: 201,
+                    content_type: "application/json".into(),
+                    body: serde_json::to_string(&view).expect("an order serialises"),
+                },
+                None => Problem::order_exists(&order.order_id).stored(),
+            },
+        )
+    });
+    let outcome = state
+        .writer
+        .idempotent(IdempotentRequest {
+            client: client.0,
+            key: key.0,
+            fingerprint,
+            retention_secs: state.idempotency_retention_secs,
+            work,
+        })
+        .await
+        .map_err(|e| {
+            tracing::error!(error = ?e, "POST /orders not carried out");
+            Problem::unavailable()
+        })?;
+    match outcome {
+        IdempotentOutcome::Fresh(stored) => Ok(respond(stored, false)),
+        IdempotentOutcome::Replayed(stored) => Ok(respond(stored, true)),
+        IdempotentOutcome::FingerprintMismatch => Err(Problem::key_reused()),
+    }
+}
+
+pub async fn get_order(
+    _client: ApiClient,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    let order_id = path.into_inner();
+    let pool = state.reads.clone();
+    let id = order_id.clone();
+    let found = web::block(move || -> Result<_, crate::store::StoreError> {
+        Ok(orders::get_order(&*pool.get()?, &id)?)
+    })
+    .await
+    .map_err(|_| Problem::unavailable())?
+    .map_err(|e| {
+        tracing::error!(error = ?e, "reading an order failed");
+        Problem::unavailable()
+    })?;
+    match found {
+        Some(view) => Ok(HttpResponse::Ok().json(view)),
+        None => Err(Problem::not_found(&order_id)),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    status: Option<String>,
+    limit: Option<u32>,
+    after: Option<String>,
+}
+
+pub const DEFAULT_PAGE: u32 = 20;
+pub const MAX_PAGE: u32 = 100;
+
+/// Orders in `order_id` order; `next_after` is the cursor for the next page (null on the last).
+pub async fn list_orders(
+    _client: ApiClient,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    let query = web::Query::<ListQuery>::from_query(req.query_string())
+        .map_err(|e| Problem::invalid_request(format!("query: {e}")))?
+        .into_inner();
+    if let Some(status) = &query.status {
+        status
+            .parse::<OrderStatus>()
+            .map_err(|e| Problem::invalid_request(e.to_string()))?;
+    }
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(Problem::invalid_request(format!(
+            "limit must be between 1 and {MAX_PAGE}"
+        )));
+    }
+    let pool = state.reads.clone();
+    let page = web::block(move || -> Result<_, crate::store::StoreError> {
+        Ok(orders::list_orders(
+            &*pool.get()?,
+            query.status.as_deref(),
+            query.after.as_deref(),
+            limit,
+        )?)
+    })
+    .await
+    .map_err(|_| Problem::unavailable())?
+    .map_err(|e| {
+        tracing::error!(error = ?e, "listing orders failed");
+        Problem::unavailable()
+    })?;
+    let next_after = (page.len() == limit as usize)
+        .then(|| page.last().map(|o| o.order_id.clone()))
+        .flatten();
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "orders": page, "next_after": next_after })))
+}

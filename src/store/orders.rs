@@ -1,0 +1,174 @@
+//! Orders as sekali's own API sees them: creation, reads, and the operator's override.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+use super::events::{load_order, queue_notice, record_transition};
+use super::StoreError;
+use crate::clock::iso_seconds;
+use crate::domain::OrderStatus;
+
+/// An order as the API returns it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct OrderView {
+    pub order_id: String,
+    pub status: String,
+    pub provider: String,
+    pub amount: Option<i64>,
+    pub refunded_amount: i64,
+    pub currency: Option<String>,
+    pub customer_email: Option<String>,
+    pub metadata: Option<serde_json::Value>,
+    pub source: String,
+    pub payment_intent_id: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// A validated order to create.
+#[derive(Debug, Clone)]
+pub struct NewOrder {
+    pub order_id: String,
+    pub amount: i64,
+    pub currency: String,
+    pub provider: String,
+    pub customer_email: Option<String>,
+    /// A JSON object, as text.
+    pub metadata: Option<String>,
+}
+
+const VIEW_COLUMNS: &str =
+    "order_id, status, provider, amount, refunded_amount, currency, customer_email, \
+                            metadata, source, payment_intent_id, created_at, updated_at";
+
+fn view(row: &rusqlite::Row<'_>) -> rusqlite::Result<OrderView> {
+    let metadata: Option<String> = row.get(7)?;
+    Ok(OrderView {
+        order_id: row.get(0)?,
+        status: row.get(1)?,
+        provider: row.get(2)?,
+        amount: row.get(3)?,
+        refunded_amount: row.get(4)?,
+        currency: row.get(5)?,
+        customer_email: row.get(6)?,
+        metadata: metadata.and_then(|m| serde_json::from_str(&m).ok()),
+        source: row.get(8)?,
+        payment_intent_id: row.get(9)?,
+        created_at: row.get(10)?,
+        updated_at: row.get(11)?,
+    })
+}
+
+pub fn get_order(conn: &Connection, order_id: &str) -> rusqlite::Result<Option<OrderView>> {
+    conn.prepare_cached(&format!(
+        "SELECT {VIEW_COLUMNS} FROM orders WHERE order_id = ?1"
+    ))?
+    .query_row([order_id], view)
+    .optional()
+}
+
+/// Orders by id, after the cursor `after`, optionally of one status.
+pub fn list_orders(
+    conn: &Connection,
+    status: Option<&str>,
+    after: Option<&str>,
+    limit: u32,
+) -> rusqlite::Result<Vec<OrderView>> {
+    conn.prepare_cached(&format!(
+        "SELECT {VIEW_COLUMNS} FROM orders
+         WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR order_id > ?2)
+         ORDER BY order_id LIMIT ?3"
+    ))?
+    .query_map(params![status, after, limit], view)?
+    .collect()
+}
+
+/// Creates an API order in `pending`; `Ok(None)` when the order id already exists (created by
+/// another key or by a webhook).
+pub fn insert_api_order(
+    conn: &Connection,
+    order: &NewOrder,
+    client: &str,
+    now_unix: i64,
+) -> Result<Option<OrderView>, StoreError> {
+    let now = iso_seconds(now_unix);
+    let origin = format!("api:{client}");
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
+                                 customer_email, created_at, updated_at, last_event_id, source, metadata)
+             VALUES (?1, ?2, 'pending', ?3, 0, ?4, ?5, ?6, ?6, ?7, 'api', ?8)
+             ON CONFLICT (order_id) DO NOTHING",
+        )?
+        .execute(params![
+            order.order_id,
+            order.provider,
+            order.amount,
+            order.currency,
+            order.customer_email,
+            now,
+            origin,
+            order.metadata
+        ])?;
+    if inserted == 0 {
+        return Ok(None);
+    }
+    let state = load_order(conn, &order.order_id)?.expect("the order was just inserted");
+    record_transition(conn, "api", &origin, &order.order_id, None, &state, &now)?;
+    Ok(get_order(conn, &order.order_id)?)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetStatusError {
+    #[error("no order with id {0}")]
+    NoSuchOrder(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The operator's override (`sekali orders set-status`): any status, recorded as a transition by
+/// `operator`, with the customer notice the new status carries. Returns the previous status.
+pub fn set_status_by_operator(
+    conn: &Connection,
+    order_id: &str,
+    status: OrderStatus,
+    now_unix: i64,
+) -> Result<OrderStatus, SetStatusError> {
+    let now = iso_seconds(now_unix);
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(StoreError::from)?;
+    let result = (|| {
+        let mut state = load_order(conn, order_id)?
+            .ok_or_else(|| SetStatusError::NoSuchOrder(order_id.into()))?;
+        let previous = state.status;
+        state.status = status;
+        conn.execute(
+            "UPDATE orders SET status = ?2, updated_at = ?3, last_event_id = 'operator' WHERE order_id = ?1",
+            params![order_id, status.as_str(), now],
+        )
+        .map_err(StoreError::from)?;
+        record_transition(
+            conn,
+            "operator",
+            "operator",
+            order_id,
+            Some(previous),
+            &state,
+            &now,
+        )
+        .map_err(StoreError::from)?;
+        queue_notice(conn, "operator", "operator", order_id, &state, &now)
+            .map_err(StoreError::from)?;
+        Ok(previous)
+    })();
+    match result {
+        Ok(previous) => {
+            conn.execute_batch("COMMIT").map_err(StoreError::from)?;
+            Ok(previous)
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}

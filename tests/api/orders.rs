@@ -1,0 +1,522 @@
+//! sekali's own API: POST /orders under Idempotency-Key, reads, and orders meeting webhooks.
+
+use std::process::Command;
+
+use futures_util::future::join_all;
+use sekali::config::parse_api_tokens;
+
+use crate::helpers::*;
+
+const SHOP: &str = "tok-shop-4f1c9a";
+const BILLING: &str = "tok-billing-77d2e0";
+
+async fn spawn_api() -> TestApp {
+    spawn_app_with(|s| {
+        s.secrets.api_tokens = parse_api_tokens(&format!("shop:{SHOP},billing:{BILLING}")).unwrap()
+    })
+    .await
+}
+
+/// Status, headers we care about, and the raw body.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    content_type: String,
+    replayed: bool,
+    retry_after: bool,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+    fn problem_type(&self) -> String {
+        self.json()["type"].as_str().unwrap_or("").to_owned()
+    }
+}
+
+async fn send(
+    app: &TestApp,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    key: Option<&str>,
+    body: Option<&str>,
+) -> Reply {
+    let url = format!("{}{path}", app.address);
+    let mut request = match method {
+        "POST" => app.client.post(url),
+        _ => app.client.get(url),
+    };
+    if let Some(token) = token {
+        request = request.insert_header(("Authorization", format!("Bearer {token}")));
+    }
+    if let Some(key) = key {
+        request = request.insert_header(("Idempotency-Key", key));
+    }
+    let mut response = match body {
+        Some(body) => {
+            request
+                .insert_header(("Content-Type", "application/json"))
+                .send_body(body.to_owned())
+                .await
+        }
+        None => request.send().await,
+    }
+    .unwrap();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (content_type, replayed, retry_after) = (
+        header("content-type").unwrap_or_default(),
+        header("idempotent-replayed").as_deref() == Some("true"),
+        header("retry-after").is_some(),
+    );
+    let body = String::from_utf8(response.body().await.unwrap().to_vec()).unwrap();
+    Reply {
+        status: response.status().as_u16(),
+        content_type,
+        replayed,
+        retry_after,
+        body,
+    }
+}
+
+async fn create(app: &TestApp, token: &str, key: &str, body: &str) -> Reply {
+    send(app, "POST", "/orders", Some(token), Some(key), Some(body)).await
+}
+
+const ORDER: &str = r#"{"order_id": "ord_api_1", "amount": 150000, "currency": "IDR", "provider": "midtrans", "customer_email": "sari@example.com", "metadata": {"locale": "id", "cart": [1, 2]}}"#;
+
+#[actix_web::test]
+async fn a_new_order_is_created_pending_and_described() {
+    let app = spawn_api().await;
+    let reply = create(&app, SHOP, "k-1", ORDER).await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    assert_eq!(reply.content_type, "application/json");
+    assert!(!reply.replayed);
+    let order = reply.json();
+    assert_eq!(order["order_id"], "ord_api_1");
+    assert_eq!(order["status"], "pending");
+    assert_eq!(order["amount"], 150000);
+    assert_eq!(order["currency"], "IDR");
+    assert_eq!(order["source"], "api");
+    assert_eq!(order["metadata"]["locale"], "id");
+    let (source, status): (String, String) = app
+        .db()
+        .query_row(
+            "SELECT source, status FROM orders WHERE order_id = 'ord_api_1'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((source.as_str(), status.as_str()), ("api", "pending"));
+    let stored: (String, i64, String) = app
+        .db()
+        .query_row(
+            "SELECT client, response_status, status FROM idempotency_keys WHERE key = 'k-1'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(stored, ("shop".into(), 201, "completed".into()));
+}
+
+#[actix_web::test]
+async fn a_retry_with_the_same_key_replays_the_stored_response_byte_for_byte_and_creates_nothing() {
+    let app = spawn_api().await;
+    let first = create(&app, SHOP, "k-1", ORDER).await;
+    // The same request with other whitespace and key order is the same request.
+    let reordered = r#"{"provider":"midtrans","metadata":{"cart":[1,2],"locale":"id"},"currency":"IDR","customer_email":"sari@example.com","amount":150000,"order_id":"ord_api_1"}"#;
+    for (key, body) in [("k-1", ORDER), ("\"k-1\"", reordered)] {
+        let retry = create(&app, SHOP, key, body).await;
+        assert_eq!(retry.status, 201);
+        assert!(retry.replayed, "Idempotent-Replayed: true");
+        assert_eq!(retry.body, first.body, "byte for byte");
+        assert_eq!(retry.content_type, first.content_type);
+    }
+    assert_eq!(app.count("SELECT count(*) FROM orders"), 1);
+}
+
+#[actix_web::test]
+async fn the_same_key_with_a_different_request_is_a_422() {
+    let app = spawn_api().await;
+    create(&app, SHOP, "k-1", ORDER).await;
+    let other = ORDER.replace("150000", "150001");
+    let reply = create(&app, SHOP, "k-1", &other).await;
+    assert_eq!(reply.status, 422);
+    assert_eq!(reply.content_type, "application/problem+json");
+    assert_eq!(
+        reply.problem_type(),
+        "urn:sekali:problem:idempotency-key-reused"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM orders"), 1);
+}
+
+#[actix_web::test]
+async fn a_missing_or_malformed_key_is_a_400() {
+    let app = spawn_api().await;
+    let missing = send(&app, "POST", "/orders", Some(SHOP), None, Some(ORDER)).await;
+    assert_eq!(missing.status, 400);
+    assert_eq!(
+        missing.problem_type(),
+        "urn:sekali:problem:missing-idempotency-key"
+    );
+    for bad in ["two words", "\"unterminated", "\"\"", &"k".repeat(256)] {
+        let reply = create(&app, SHOP, bad, ORDER).await;
+        assert_eq!(reply.status, 400, "{bad:?}");
+        assert_eq!(
+            reply.problem_type(),
+            "urn:sekali:problem:malformed-idempotency-key"
+        );
+        assert!(!reply.json()["detail"].as_str().unwrap().is_empty());
+    }
+    assert_eq!(app.count("SELECT count(*) FROM orders"), 0);
+}
+
+#[actix_web::test]
+async fn checks_come_in_order_authentication_then_key_then_request() {
+    let app = spawn_api().await;
+    let no_token = send(&app, "POST", "/orders", None, None, Some("not json")).await;
+    assert_eq!(no_token.status, 401);
+    assert_eq!(no_token.problem_type(), "urn:sekali:problem:unauthorized");
+    let wrong_token = send(
+        &app,
+        "POST",
+        "/orders",
+        Some("tok-nope"),
+        Some("k"),
+        Some(ORDER),
+    )
+    .await;
+    assert_eq!(wrong_token.status, 401);
+    let no_key = send(&app, "POST", "/orders", Some(SHOP), None, Some("not json")).await;
+    assert_eq!(
+        no_key.problem_type(),
+        "urn:sekali:problem:missing-idempotency-key"
+    );
+    let bad_body = create(&app, SHOP, "k-1", "not json").await;
+    assert_eq!(
+        bad_body.problem_type(),
+        "urn:sekali:problem:invalid-request"
+    );
+}
+
+#[actix_web::test]
+async fn a_validation_failure_is_not_stored_and_the_fixed_request_succeeds_with_the_same_key() {
+    let app = spawn_api().await;
+    for (bad, detail_mentions) in [
+        (ORDER.replace("150000", "-5"), "positive integer"),
+        (ORDER.replace("150000", "10.5"), "amount"),
+        (ORDER.replace("\"IDR\"", "\"RUPIAH\""), "three-letter"),
+        (ORDER.replace("midtrans", "paypal"), "provider"),
+        (
+            ORDER.replace("sari@example.com", "not an email"),
+            "customer_email",
+        ),
+        (ORDER.replace("\"amount\"", "\"amonut\""), "amonut"),
+    ] {
+        let reply = create(&app, SHOP, "k-fix", &bad).await;
+        assert_eq!(reply.status, 400, "{bad}");
+        assert_eq!(reply.problem_type(), "urn:sekali:problem:invalid-request");
+        let detail = reply.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains(detail_mentions), "{detail}");
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys"),
+        0,
+        "validation failures are never stored"
+    );
+    let fixed = create(&app, SHOP, "k-fix", ORDER).await;
+    assert_eq!((fixed.status, fixed.replayed), (201, false));
+}
+
+#[actix_web::test]
+async fn keys_are_scoped_per_client() {
+    let app = spawn_api().await;
+    let body = r#"{"amount": 2500, "currency": "usd", "provider": "stripe"}"#;
+    let shop = create(&app, SHOP, "same-key", body).await;
+    let billing = create(&app, BILLING, "same-key", body).await;
+    assert_eq!((shop.status, billing.status), (201, 201));
+    assert!(
+        !billing.replayed,
+        "one client never sees another's stored response"
+    );
+    assert_ne!(shop.json()["order_id"], billing.json()["order_id"]);
+    assert_eq!(app.count("SELECT count(*) FROM orders"), 2);
+}
+
+#[actix_web::test]
+async fn a_hundred_parallel_identical_requests_create_exactly_one_order() {
+    let app = spawn_api().await;
+    let body = r#"{"amount": 2500, "currency": "usd", "provider": "stripe", "customer_email": "x@example.com"}"#;
+    let replies = join_all((0..100).map(|_| create(&app, SHOP, "parallel-key", body))).await;
+    let created: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.status == 201 && !r.replayed)
+        .collect();
+    assert_eq!(
+        created.len(),
+        1,
+        "{:?}",
+        replies
+            .iter()
+            .map(|r| (r.status, r.replayed))
+            .collect::<Vec<_>>()
+    );
+    for reply in &replies {
+        match reply.status {
+            201 => assert_eq!(reply.body, created[0].body),
+            409 => {
+                assert_eq!(reply.problem_type(), "urn:sekali:problem:request-in-flight");
+                assert!(reply.retry_after, "409 in flight carries Retry-After");
+            }
+            other => panic!("unexpected {other}: {}", reply.body),
+        }
+    }
+    assert_eq!(app.count("SELECT count(*) FROM orders"), 1);
+}
+
+#[actix_web::test]
+async fn an_existing_order_id_is_a_stored_409_that_is_replayed() {
+    let app = spawn_api().await;
+    app.deliver_midtrans("settlement").await; // creates ORDER-2001 through a webhook
+    let body = r#"{"order_id": "ORDER-2001", "amount": 15000000, "currency": "IDR", "provider": "midtrans"}"#;
+    let first = create(&app, SHOP, "k-exists", body).await;
+    assert_eq!(first.status, 409);
+    assert_eq!(first.problem_type(), "urn:sekali:problem:order-exists");
+    let again = create(&app, SHOP, "k-exists", body).await;
+    assert_eq!((again.status, again.replayed), (409, true));
+    assert_eq!(again.body, first.body);
+    assert_ne!(
+        first.problem_type(),
+        "urn:sekali:problem:request-in-flight",
+        "the two 409s differ"
+    );
+}
+
+#[actix_web::test]
+async fn a_key_past_its_retention_counts_as_absent() {
+    let app = spawn_api().await;
+    create(&app, SHOP, "k-old", ORDER).await;
+    app.clock
+        .advance(std::time::Duration::from_secs(24 * 3600 - 1));
+    assert_eq!(
+        create(
+            &app,
+            SHOP,
+            "k-old",
+            &ORDER.replace("ord_api_1", "ord_api_2")
+        )
+        .await
+        .status,
+        422
+    );
+    app.clock.advance(std::time::Duration::from_secs(1));
+    let reused = create(
+        &app,
+        SHOP,
+        "k-old",
+        &ORDER.replace("ord_api_1", "ord_api_2"),
+    )
+    .await;
+    assert_eq!(
+        (reused.status, reused.replayed),
+        (201, false),
+        "{}",
+        reused.body
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys"),
+        1,
+        "the expired record was replaced"
+    );
+}
+
+#[actix_web::test]
+async fn the_purge_removes_expired_keys() {
+    let app = spawn_api().await;
+    let now = app.clock.now_unix();
+    app.clock.set(now - 25 * 3600);
+    create(&app, SHOP, "k-expired", ORDER).await;
+    app.clock.set(now);
+    create(
+        &app,
+        SHOP,
+        "k-live",
+        &ORDER.replace("ord_api_1", "ord_api_2"),
+    )
+    .await;
+    app.stop().await;
+    let output = Command::new(sekali_bin())
+        .args(["purge", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "purged 0 expired event ids\npurged 1 expired idempotency keys\n"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM orders"), 2, "orders stay");
+}
+
+#[actix_web::test]
+async fn without_tokens_the_orders_api_is_off_and_webhooks_still_work() {
+    let app = spawn_app().await;
+    let reply = create(&app, SHOP, "k-1", ORDER).await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.problem_type(), "urn:sekali:problem:api-disabled");
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "processed"
+    );
+}
+
+#[actix_web::test]
+async fn orders_are_read_one_by_one_and_by_page() {
+    let app = spawn_api().await;
+    for i in 0..5 {
+        let body = format!(
+            r#"{{"order_id": "ord_page_{i}", "amount": 100, "currency": "usd", "provider": "stripe"}}"#
+        );
+        create(&app, SHOP, &format!("k-page-{i}"), &body).await;
+    }
+    app.deliver_midtrans("settlement").await;
+    let one = send(&app, "GET", "/orders/ord_page_3", Some(BILLING), None, None).await;
+    assert_eq!(
+        (one.status, one.json()["order_id"].as_str()),
+        (200, Some("ord_page_3"))
+    );
+    let missing = send(&app, "GET", "/orders/nope", Some(SHOP), None, None).await;
+    assert_eq!(
+        (missing.status, missing.problem_type().as_str()),
+        (404, "urn:sekali:problem:not-found")
+    );
+    assert_eq!(
+        send(&app, "GET", "/orders/ord_page_3", None, None, None)
+            .await
+            .status,
+        401
+    );
+
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(cursor) => format!("/orders?status=pending&limit=2&after={cursor}"),
+            None => "/orders?status=pending&limit=2".to_owned(),
+        };
+        let page = send(&app, "GET", &path, Some(SHOP), None, None)
+            .await
+            .json();
+        seen.extend(
+            page["orders"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o["order_id"].as_str().unwrap().to_owned()),
+        );
+        match page["next_after"].as_str() {
+            Some(cursor) => after = Some(cursor.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "ord_page_0",
+            "ord_page_1",
+            "ord_page_2",
+            "ord_page_3",
+            "ord_page_4"
+        ],
+        "pending only, each once"
+    );
+    let bad = send(
+        &app,
+        "GET",
+        "/orders?status=settled",
+        Some(SHOP),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+}
+
+#[actix_web::test]
+async fn a_payment_that_does_not_match_an_api_order_moves_it_to_needs_review() {
+    let app = spawn_api().await;
+    // The shop asked for 30.00 USD; Stripe reports 25.00 received.
+    let body =
+        r#"{"order_id": "ord_1001", "amount": 3000, "currency": "usd", "provider": "stripe"}"#;
+    assert_eq!(create(&app, SHOP, "k-mismatch", body).await.status, 201);
+    let answer = app.deliver_stripe("payment_intent.succeeded").await;
+    assert_eq!((answer.status, answer.outcome()), (200, "amount_mismatch"));
+    assert_eq!(
+        app.order_status("ord_1001").as_deref(),
+        Some("needs_review")
+    );
+    let outcome: String = app
+        .db()
+        .query_row(
+            "SELECT outcome FROM processed_events WHERE event_id = 'evt_1QA0002succeeded000001'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(outcome, "amount_mismatch");
+    assert!(
+        app.outbox_templates("ord_1001").is_empty(),
+        "no receipt for a payment that does not match"
+    );
+    // Later webhooks on it are stale until an operator decides.
+    assert_eq!(
+        app.deliver_stripe("charge.refunded.partial")
+            .await
+            .outcome(),
+        "stale"
+    );
+
+    app.stop().await;
+    let output = Command::new(sekali_bin())
+        .args(["orders", "set-status", "ord_1001", "paid", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "order ord_1001: needs_review -> paid\n"
+    );
+    assert_eq!(app.order_status("ord_1001").as_deref(), Some("paid"));
+    assert_eq!(app.outbox_templates("ord_1001"), ["receipt"]);
+}
+
+#[actix_web::test]
+async fn a_matching_payment_marks_an_api_order_paid_whatever_the_currency_case() {
+    let app = spawn_api().await;
+    let body =
+        r#"{"order_id": "ord_1001", "amount": 2500, "currency": "USD", "provider": "stripe"}"#;
+    create(&app, SHOP, "k-match", body).await;
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded")
+            .await
+            .outcome(),
+        "processed"
+    );
+    assert_eq!(app.order_status("ord_1001").as_deref(), Some("paid"));
+    // Midtrans: gross_amount "150000.00" is 15000000 minor units.
+    let body = r#"{"order_id": "ORDER-2001", "amount": 15000000, "currency": "idr", "provider": "midtrans"}"#;
+    create(&app, SHOP, "k-match-2", body).await;
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "processed"
+    );
+    assert_eq!(app.order_status("ORDER-2001").as_deref(), Some("paid"));
+}
