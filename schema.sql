@@ -110,15 +110,29 @@ CREATE TABLE IF NOT EXISTS email_outbox (
     -- order id, template, status and refunded amount, so one status change yields one key,
     -- whichever event announced it.
     idempotency_key   TEXT NOT NULL UNIQUE,
+    -- pending: waiting to be sent (again); sent: the transport confirmed it; dead: a permanent
+    -- failure or the attempt limit (see last_error; `sekali outbox retry` revives it);
+    -- skipped: no recipient.
     status            TEXT NOT NULL DEFAULT 'pending'
                           CHECK (status IN ('pending', 'sent', 'dead', 'skipped')),
+    -- Transport tries so far (a relay's lease running out is not a try).
     attempts          INTEGER NOT NULL DEFAULT 0,
     created_at        TEXT NOT NULL,
     -- The event that caused this email.
-    event_id          TEXT NOT NULL
+    event_id          TEXT NOT NULL,
+    -- The relay's timing columns use fixed-width millisecond UTC (YYYY-MM-DDTHH:MM:SS.mmmZ) so
+    -- they sort as text. next_attempt_at: when a pending row is due; NULL once sent, dead or
+    -- skipped.
+    next_attempt_at   TEXT,
+    -- The relay holding the row and until when; a row whose lease ran out is claimed again.
+    lease_owner       TEXT,
+    lease_until       TEXT,
+    last_error        TEXT,
+    sent_at           TEXT
 );
 
-CREATE INDEX IF NOT EXISTS email_outbox_status ON email_outbox (status, id);
+CREATE INDEX IF NOT EXISTS email_outbox_due ON email_outbox (status, next_attempt_at);
+CREATE INDEX IF NOT EXISTS email_outbox_order ON email_outbox (order_id);
 
 -- Idempotency-Key records for sekali's own API (POST /orders), per calling client. The claim,
 -- the work and the stored response commit in one transaction, so a row is always complete

@@ -19,7 +19,7 @@ db="$dir/soak.db"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 export STRIPE_WEBHOOK_SECRET=whsec_soak_c2VrYWxpLXNvYWs
 
-"$bin" serve --listen "127.0.0.1:$port" --db "$db" --stripe-retention 60s --purge-interval 15s \
+"$bin" serve --no-relay --listen "127.0.0.1:$port" --db "$db" --stripe-retention 60s --purge-interval 15s \
     2> "$dir/server.log" &
 server=$!
 trap 'kill "$server" 2>/dev/null || true; rm -rf "$dir"' EXIT

@@ -29,7 +29,13 @@ impl Server {
             .unwrap()
             .port();
         let child = Command::new(env!("CARGO_BIN_EXE_sekali"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+            .args([
+                "serve",
+                "--no-relay",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--db",
+            ])
             .arg(db)
             .args(extra)
             .env("STRIPE_WEBHOOK_SECRET", SECRET)

@@ -44,6 +44,12 @@ pub enum Command {
     /// Operator actions on orders.
     #[command(subcommand)]
     Orders(OrdersCommand),
+    /// Run the outbox relay alone (for a separate process); `serve` runs one too unless
+    /// --no-relay.
+    Relay(RelayCommandArgs),
+    /// Inspect the email outbox, and revive dead rows.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
 }
 
 #[derive(Debug, Args)]
@@ -88,6 +94,105 @@ pub struct ServeArgs {
     /// HTTP worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub workers: usize,
+    /// Do not run the outbox relay in this process (run `sekali relay` elsewhere).
+    #[arg(long)]
+    pub no_relay: bool,
+    #[command(flatten)]
+    pub relay: RelayArgs,
+}
+
+/// How the relay sends: SEKALI_SMTP_URL (smtp:// or smtps://user:pass@host), else
+/// SEKALI_MAIL_API_URL with SEKALI_MAIL_API_KEY (an HTTP email API), else .eml files in
+/// --mail-dir. Sender: SEKALI_MAIL_FROM (default sekali@localhost).
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// Where emails are written when no SMTP server or email API is configured.
+    #[arg(long, default_value = "mail")]
+    pub mail_dir: PathBuf,
+    /// Backoff base: after failure n the delay is random(0, min(max, base*2^(n-1))).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub relay_base_delay: Duration,
+    /// Backoff cap (also caps a server's Retry-After).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub relay_max_delay: Duration,
+    /// Transport tries before a row is dead.
+    #[arg(long, default_value_t = crate::jobs::relay::DEFAULT_MAX_ATTEMPTS)]
+    pub relay_max_attempts: u32,
+    /// How long a relay holds the rows it claimed; longer than the transport timeout.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub relay_lease: Duration,
+    /// Longest a single send may take.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub relay_timeout: Duration,
+    /// How often an idle relay looks for due rows.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub relay_poll_interval: Duration,
+}
+
+impl RelayArgs {
+    fn into_config(
+        self,
+        db_path: PathBuf,
+    ) -> (
+        crate::jobs::relay::RelayConfig,
+        crate::mail::transport::MailConfig,
+    ) {
+        let mail = crate::mail::transport::MailConfig::from_env(self.mail_dir, self.relay_timeout);
+        let owner = format!(
+            "{}:{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "sekali".into()),
+            std::process::id()
+        );
+        let config = crate::jobs::relay::RelayConfig {
+            db_path,
+            busy_timeout: store::DEFAULT_BUSY_TIMEOUT,
+            base_delay: self.relay_base_delay,
+            max_delay: self.relay_max_delay,
+            max_attempts: self.relay_max_attempts,
+            lease: self.relay_lease,
+            transport_timeout: self.relay_timeout,
+            batch: 32,
+            poll_interval: self.relay_poll_interval,
+            owner,
+            from: mail.from.clone(),
+            seed: None,
+        };
+        (config, mail)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RelayCommandArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub relay: RelayArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// The newest outbox rows.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        /// pending, sent, dead or skipped.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// One row, with its parameters and last error.
+    Show {
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Put a dead row back to pending, due now, attempts reset.
+    Retry {
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -192,6 +297,8 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Orders(OrdersCommand::SetStatus { id, status, db }) => {
             set_status(&id, status, &db)
         }
+        Command::Relay(args) => relay(args),
+        Command::Outbox(command) => outbox(command),
     }
 }
 
@@ -219,6 +326,9 @@ fn serve(args: ServeArgs) -> ExitCode {
     settings.queue_capacity = args.queue_capacity;
     settings.workers = args.workers;
     settings.idempotency_retention = args.idempotency_retention;
+    if !args.no_relay {
+        settings.relay = Some(args.relay.into_config(settings.db_path.clone()));
+    }
     let result = actix_web::rt::System::new().block_on(async move {
         let app = Application::build(settings, Arc::new(SystemClock)).map_err(|e| e.to_string())?;
         app.run_until_stopped().await.map_err(|e| e.to_string())
@@ -327,6 +437,97 @@ fn replay(args: ReplayArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => fail(e),
+    }
+}
+
+fn relay(args: RelayCommandArgs) -> ExitCode {
+    crate::telemetry::init();
+    let (config, mail) = args.relay.into_config(args.db.db);
+    let http = match mail.check() {
+        Ok(http) => http,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = config.validate(http) {
+        return fail(e);
+    }
+    let result = actix_web::rt::System::new().block_on(async move {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let on_signal = shutdown.clone();
+        actix_web::rt::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            on_signal.cancel();
+        });
+        crate::jobs::relay::run_relay(config, mail, Arc::new(SystemClock), shutdown).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+fn outbox(command: OutboxCommand) -> ExitCode {
+    let (db, writable) = match &command {
+        OutboxCommand::List { db, .. } | OutboxCommand::Show { db, .. } => (db, false),
+        OutboxCommand::Retry { db, .. } => (db, true),
+    };
+    let conn = match store::open_existing(&db.db, writable, store::DEFAULT_BUSY_TIMEOUT) {
+        Ok(conn) => conn,
+        Err(e) => return fail(e),
+    };
+    match command {
+        OutboxCommand::List { status, limit, .. } => {
+            match store::outbox::list(&conn, status.as_deref(), limit) {
+                Ok(rows) => {
+                    println!(
+                        "{:>6}  {:<8}  {:>8}  {:<14}  {:<24}  {:<24}  LAST_ERROR",
+                        "ID", "STATUS", "ATTEMPTS", "TEMPLATE", "ORDER_ID", "NEXT_ATTEMPT_AT"
+                    );
+                    for r in rows {
+                        println!(
+                            "{:>6}  {:<8}  {:>8}  {:<14}  {:<24}  {:<24}  {}",
+                            r.id,
+                            r.status,
+                            r.attempts,
+                            r.template,
+                            r.order_id,
+                            r.next_attempt_at.as_deref().unwrap_or("-"),
+                            r.last_error.as_deref().unwrap_or("")
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        }
+        OutboxCommand::Show { id, .. } => match store::outbox::get(&conn, id) {
+            Ok(Some(row)) => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&row).expect("a row serialises")
+                );
+                ExitCode::SUCCESS
+            }
+            Ok(None) => fail(format!("no outbox row with id {id}")),
+            Err(e) => fail(e),
+        },
+        OutboxCommand::Retry { id, .. } => {
+            match store::outbox::retry_dead(&conn, id, SystemClock.now_millis()) {
+                Ok(true) => {
+                    println!("outbox row {id}: dead -> pending");
+                    ExitCode::SUCCESS
+                }
+                Ok(false) => fail(format!(
+                    "outbox row {id} is not dead (only dead rows can be retried)"
+                )),
+                Err(e) => fail(e),
+            }
+        }
     }
 }
 

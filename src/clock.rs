@@ -7,6 +7,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// A source of "now" in whole Unix seconds.
 pub trait Clock: Send + Sync + 'static {
     fn now_unix(&self) -> i64;
+
+    /// Now in Unix milliseconds (the relay's timing columns).
+    fn now_millis(&self) -> i64 {
+        self.now_unix() * 1000
+    }
 }
 
 /// The shared clock handle every component holds.
@@ -21,6 +26,13 @@ impl Clock for SystemClock {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)
+            .unwrap_or(0)
+    }
+
+    fn now_millis(&self) -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
             .unwrap_or(0)
     }
 }
@@ -58,6 +70,12 @@ impl Clock for ManualClock {
 pub fn iso_seconds(unix: i64) -> String {
     let t = UNIX_EPOCH + Duration::from_secs(unix.max(0) as u64);
     humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Formats Unix milliseconds as `YYYY-MM-DDTHH:MM:SS.mmmZ`: fixed width, sortable as text.
+pub fn iso_millis(unix_millis: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(unix_millis.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
 }
 
 #[cfg(test)]

@@ -141,6 +141,12 @@ pub struct Settings {
     pub idempotency_retention: Duration,
     /// Cap on the database size in pages (see [`crate::store::WriterConfig::max_page_count`]).
     pub max_page_count: Option<u64>,
+    /// The outbox relay to run beside the server (`None`: `--no-relay`). Its `db_path` is
+    /// replaced by the server's.
+    pub relay: Option<(
+        crate::jobs::relay::RelayConfig,
+        crate::mail::transport::MailConfig,
+    )>,
     /// Install SIGTERM / ctrl-c handlers (off in tests, which stop the server themselves).
     pub handle_signals: bool,
 }
@@ -166,6 +172,7 @@ impl Settings {
             client_request_timeout: Duration::from_secs(5),
             idempotency_retention: DEFAULT_IDEMPOTENCY_RETENTION,
             max_page_count: None,
+            relay: None,
             handle_signals: true,
         }
     }

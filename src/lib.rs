@@ -15,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod jobs;
+pub mod mail;
 pub mod providers;
 pub mod replay;
 pub mod routes;

@@ -18,6 +18,10 @@ pub enum StartupError {
     Config(#[from] ConfigError),
     #[error("cannot open the database: {0}")]
     Store(#[from] StoreError),
+    #[error("outbox relay: {0}")]
+    Relay(#[from] crate::jobs::relay::RelayConfigError),
+    #[error("outbox relay: {0}")]
+    Mail(#[from] crate::mail::transport::TransportError),
     #[error("cannot listen on {address}: {source}")]
     Bind {
         address: String,
@@ -33,11 +37,15 @@ pub struct Application {
     writer: Writer,
     shutdown: CancellationToken,
     purge_job: actix_web::rt::task::JoinHandle<()>,
+    relay: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Application {
     pub fn build(settings: Settings, clock: SharedClock) -> Result<Self, StartupError> {
         settings.secrets.require_any()?;
+        if let Some((relay, mail)) = &settings.relay {
+            relay.validate(mail.check()?)?;
+        }
         let writer = Writer::start(
             WriterConfig {
                 db_path: settings.db_path.clone(),
@@ -58,6 +66,7 @@ impl Application {
         let listener = TcpListener::bind(&settings.listen).map_err(bind_error)?;
         let address = listener.local_addr().map_err(bind_error)?;
 
+        let clock_for_relay = clock.clone();
         let state = web::Data::new(AppState {
             secrets: settings.secrets.clone(),
             stripe_tolerance_secs: settings.stripe_tolerance_secs,
@@ -92,6 +101,10 @@ impl Application {
             settings.purge_batch,
             shutdown.clone(),
         ));
+        let relay = settings.relay.clone().map(|(mut config, mail)| {
+            config.db_path = settings.db_path.clone();
+            crate::jobs::relay::spawn_relay(config, mail, clock_for_relay.clone(), shutdown.clone())
+        });
         tracing::info!(
             %address,
             db = %settings.db_path.display(),
@@ -105,6 +118,7 @@ impl Application {
             writer,
             shutdown,
             purge_job,
+            relay,
         })
     }
 
@@ -124,6 +138,9 @@ impl Application {
         let result = self.server.await;
         self.shutdown.cancel();
         let _ = self.purge_job.await;
+        if let Some(relay) = self.relay {
+            let _ = actix_web::rt::task::spawn_blocking(move || relay.join()).await;
+        }
         let writer = self.writer;
         let _ = actix_web::rt::task::spawn_blocking(move || writer.shutdown()).await;
         tracing::info!("sekali stopped");

@@ -339,6 +339,7 @@ impl Server {
         let child = Command::new(env!("CARGO_BIN_EXE_sekali"))
             .args([
                 "serve",
+                "--no-relay",
                 "--listen",
                 &format!("127.0.0.1:{}", self.port),
                 "--db",

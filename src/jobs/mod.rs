@@ -1,3 +1,4 @@
 //! Background work that runs beside the HTTP server and stops with it.
 
 pub mod purge;
+pub mod relay;

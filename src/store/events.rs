@@ -493,8 +493,8 @@ pub(crate) fn queue_notice(
     .to_string();
     conn.prepare_cached(
         "INSERT INTO email_outbox (order_id, recipient, template, params, idempotency_key, status,
-                                   attempts, created_at, event_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7)
+                                   attempts, created_at, event_id, next_attempt_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, replace(?6, 'Z', '.000Z'))
          ON CONFLICT (idempotency_key) DO NOTHING",
     )?
     .execute(params![

@@ -8,6 +8,7 @@ pub mod backup;
 pub mod events;
 pub mod idempotency;
 pub mod orders;
+pub mod outbox;
 pub mod purge;
 pub mod reads;
 pub mod schema;

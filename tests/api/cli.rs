@@ -147,7 +147,16 @@ fn serve_stops_gracefully_on_sigterm() {
         .unwrap()
         .port();
     let child = Command::new(sekali_bin())
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--relay-poll-interval",
+            "50ms",
+            "--mail-dir",
+        ])
+        .arg(dir.path().join("mail"))
+        .arg("--db")
         .arg(dir.path().join("s.db"))
         .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
         .env_remove("MIDTRANS_SERVER_KEY")

@@ -236,7 +236,16 @@ fn nothing_secret_reaches_the_logs_even_at_trace_level() {
         .port();
     let base = format!("http://127.0.0.1:{port}");
     let mut server = Command::new(sekali_bin())
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--relay-poll-interval",
+            "50ms",
+            "--mail-dir",
+        ])
+        .arg(dir.path().join("mail"))
+        .arg("--db")
         .arg(dir.path().join("s.db"))
         .env(
             "STRIPE_WEBHOOK_SECRET",

@@ -13,4 +13,5 @@ mod midtrans;
 mod ordering;
 mod orders;
 mod purge;
+mod relay;
 mod stripe;

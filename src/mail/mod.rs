@@ -1,0 +1,178 @@
+//! Customer emails: rendering outbox rows, and the transports that deliver them.
+
+pub mod transport;
+
+use minijinja::{context, Environment};
+
+use crate::store::outbox::ClaimedEmail;
+
+/// A rendered email, ready for any transport.
+#[derive(Debug, Clone)]
+pub struct RenderedEmail {
+    pub from: String,
+    pub to: String,
+    pub subject: String,
+    pub text: String,
+    pub html: String,
+    /// The outbox row's key: the file name, the `Idempotency-Key` header, the Message-ID's
+    /// local part. The same on every attempt, so a downstream can recognise a resend.
+    pub idempotency_key: String,
+    /// `<idempotency-key@sending-domain>`.
+    pub message_id: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("the row's params are not the JSON sekali writes: {0}")]
+    Params(String),
+    #[error("template {0}: {1}")]
+    Template(String, String),
+}
+
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    // Templates live in the source tree and are compiled into the binary.
+    for (name, source) in [
+        ("receipt.txt", include_str!("templates/receipt.txt")),
+        ("receipt.html", include_str!("templates/receipt.html")),
+        (
+            "payment_failed.txt",
+            include_str!("templates/payment_failed.txt"),
+        ),
+        (
+            "payment_failed.html",
+            include_str!("templates/payment_failed.html"),
+        ),
+        (
+            "refund_notice.txt",
+            include_str!("templates/refund_notice.txt"),
+        ),
+        (
+            "refund_notice.html",
+            include_str!("templates/refund_notice.html"),
+        ),
+    ] {
+        env.add_template(name, source)
+            .expect("the built-in templates parse");
+    }
+    env
+}
+
+/// Indonesian when the order says so (`metadata.locale`) or, failing that, when it is in
+/// rupiah; English otherwise.
+pub fn locale_for(metadata_locale: Option<&str>, currency: Option<&str>) -> &'static str {
+    match metadata_locale.map(|l| l.to_ascii_lowercase()) {
+        Some(l) if l == "id" || l.starts_with("id-") || l.starts_with("id_") => "id",
+        Some(l) if l == "en" || l.starts_with("en-") || l.starts_with("en_") => "en",
+        _ if currency.is_some_and(|c| c.eq_ignore_ascii_case("idr")) => "id",
+        _ => "en",
+    }
+}
+
+/// Formats minor units for people: `Rp1.500.000`, `$15.00`, `€15.00`, `SGD 15.00`.
+pub fn format_amount(minor: i64, currency: &str) -> String {
+    let negative = minor < 0;
+    let minor = minor.unsigned_abs();
+    let group = |mut n: u64, sep: char| {
+        let mut parts = Vec::new();
+        loop {
+            if n < 1000 {
+                parts.push(n.to_string());
+                break;
+            }
+            parts.push(format!("{:03}", n % 1000));
+            n /= 1000;
+        }
+        parts.reverse();
+        parts.join(&sep.to_string())
+    };
+    let sign = if negative { "-" } else { "" };
+    match currency.to_ascii_uppercase().as_str() {
+        // Rupiah: no fractional part in everyday use, '.' groups thousands.
+        "IDR" => format!("{sign}Rp{}", group((minor + 50) / 100, '.')),
+        "USD" => format!("{sign}${}.{:02}", group(minor / 100, ','), minor % 100),
+        "EUR" => format!("{sign}€{}.{:02}", group(minor / 100, ','), minor % 100),
+        "GBP" => format!("{sign}£{}.{:02}", group(minor / 100, ','), minor % 100),
+        other => format!(
+            "{sign}{other} {}.{:02}",
+            group(minor / 100, ','),
+            minor % 100
+        ),
+    }
+}
+
+fn subject(template: &str, locale: &str, order_id: &str) -> String {
+    match (template, locale) {
+        ("receipt", "id") => format!("Pembayaran diterima untuk pesanan {order_id}"),
+        ("receipt", _) => format!("Payment received for order {order_id}"),
+        ("payment_failed", "id") => format!("Pembayaran gagal untuk pesanan {order_id}"),
+        ("payment_failed", _) => format!("Payment failed for order {order_id}"),
+        ("refund_notice", "id") => format!("Pengembalian dana untuk pesanan {order_id}"),
+        (_, _) => format!("Refund for order {order_id}"),
+    }
+}
+
+/// Renders a claimed outbox row. `from` is the sender address; the Message-ID's domain is its
+/// domain.
+pub fn render(email: &ClaimedEmail, from: &str) -> Result<RenderedEmail, RenderError> {
+    let params: serde_json::Value =
+        serde_json::from_str(&email.params).map_err(|e| RenderError::Params(e.to_string()))?;
+    let currency = params["currency"].as_str().unwrap_or("");
+    let locale = locale_for(email.locale.as_deref(), Some(currency));
+    let amount = params["amount"]
+        .as_i64()
+        .map(|a| format_amount(a, currency))
+        .unwrap_or_default();
+    let refunded_minor = params["refunded_amount"].as_i64().unwrap_or(0);
+    let ctx = context! {
+        locale => locale,
+        order_id => email.order_id.as_str(),
+        amount => amount,
+        refunded => format_amount(refunded_minor, currency),
+        fully_refunded => params["status"].as_str() == Some("refunded"),
+        shop => from.split('@').nth(1).unwrap_or(from),
+    };
+    let env = environment();
+    let render_one = |format: &str| {
+        let name = format!("{}.{format}", email.template);
+        env.get_template(&name)
+            .and_then(|t| t.render(&ctx))
+            .map_err(|e| RenderError::Template(name.clone(), e.to_string()))
+    };
+    let text = render_one("txt")?;
+    let html = render_one("html")?;
+    let domain = from.rsplit_once('@').map_or("localhost", |(_, d)| d);
+    Ok(RenderedEmail {
+        from: from.to_owned(),
+        to: email.recipient.clone().unwrap_or_default(),
+        subject: subject(&email.template, locale, &email.order_id),
+        text,
+        html,
+        idempotency_key: email.idempotency_key.clone(),
+        message_id: format!("<{}@{domain}>", email.idempotency_key),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amounts_are_formatted_for_their_currency() {
+        assert_eq!(format_amount(150_000_000, "IDR"), "Rp1.500.000");
+        assert_eq!(format_amount(150_000_000, "idr"), "Rp1.500.000");
+        assert_eq!(format_amount(1500, "usd"), "$15.00");
+        assert_eq!(format_amount(123_456_789, "USD"), "$1,234,567.89");
+        assert_eq!(format_amount(5, "EUR"), "€0.05");
+        assert_eq!(format_amount(1500, "SGD"), "SGD 15.00");
+    }
+
+    #[test]
+    fn the_locale_follows_metadata_then_currency() {
+        assert_eq!(locale_for(None, Some("IDR")), "id");
+        assert_eq!(locale_for(None, Some("usd")), "en");
+        assert_eq!(locale_for(Some("en"), Some("IDR")), "en");
+        assert_eq!(locale_for(Some("id-ID"), Some("usd")), "id");
+        assert_eq!(locale_for(Some("fr"), Some("usd")), "en");
+    }
+}

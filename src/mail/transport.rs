@@ -1,0 +1,293 @@
+//! The transports that deliver rendered emails, and how their failures are classified.
+//!
+//! Transient failures (connection errors, timeouts, SMTP 4xx, HTTP 408/429/5xx) are retried
+//! with backoff; permanent ones (SMTP 5xx to MAIL FROM, RCPT or DATA, other HTTP 4xx) make the
+//! row dead at once. A failure to connect, say EHLO or authenticate is transient for every row,
+//! so one wrong password cannot kill the queue.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lettre::message::{header::ContentType, Mailbox, MultiPart, SinglePart};
+use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use secrecy::{ExposeSecret, SecretString};
+
+use super::RenderedEmail;
+
+pub const ENV_SMTP_URL: &str = "SEKALI_SMTP_URL";
+pub const ENV_MAIL_API_URL: &str = "SEKALI_MAIL_API_URL";
+pub const ENV_MAIL_API_KEY: &str = "SEKALI_MAIL_API_KEY";
+pub const ENV_MAIL_FROM: &str = "SEKALI_MAIL_FROM";
+pub const DEFAULT_MAIL_FROM: &str = "sekali@localhost";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendError {
+    /// May heal: retried with backoff (`retry_after` when the server asked for a delay).
+    Transient {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    /// Will not heal: the row becomes dead.
+    Permanent(String),
+}
+
+impl SendError {
+    fn transient(reason: impl Into<String>) -> Self {
+        SendError::Transient {
+            reason: reason.into(),
+            retry_after: None,
+        }
+    }
+}
+
+/// Where emails go, from configuration.
+#[derive(Debug, Clone)]
+pub struct MailConfig {
+    pub smtp_url: Option<SecretString>,
+    pub http_url: Option<String>,
+    pub http_api_key: Option<SecretString>,
+    pub mail_dir: PathBuf,
+    pub from: String,
+    /// Longest a single transport attempt may take; the relay's lease must be longer.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("{ENV_SMTP_URL} is not a usable SMTP URL: {0}")]
+    SmtpUrl(String),
+    #[error("{ENV_MAIL_API_URL} is set but {ENV_MAIL_API_KEY} is not")]
+    MissingApiKey,
+    #[error("{ENV_MAIL_FROM} `{0}` is not an email address")]
+    From(String),
+}
+
+pub enum Transport {
+    /// Default: `<mail dir>/<idempotency key>.eml`; a resend overwrites the same file.
+    File { dir: PathBuf },
+    Smtp {
+        transport: AsyncSmtpTransport<Tokio1Executor>,
+    },
+    /// A JSON email API (to, from, subject, html, text) with the row's key in `Idempotency-Key`.
+    Http {
+        url: String,
+        api_key: SecretString,
+        timeout: Duration,
+    },
+}
+
+impl MailConfig {
+    /// Reads the transport settings from the environment; `mail_dir` and `timeout` come from
+    /// flags.
+    pub fn from_env(mail_dir: PathBuf, timeout: Duration) -> Self {
+        let var = |name| {
+            std::env::var(name)
+                .ok()
+                .filter(|v: &String| !v.trim().is_empty())
+        };
+        MailConfig {
+            smtp_url: var(ENV_SMTP_URL).map(SecretString::from),
+            http_url: var(ENV_MAIL_API_URL),
+            http_api_key: var(ENV_MAIL_API_KEY).map(SecretString::from),
+            mail_dir,
+            from: var(ENV_MAIL_FROM).unwrap_or_else(|| DEFAULT_MAIL_FROM.to_owned()),
+            timeout,
+        }
+    }
+}
+
+impl MailConfig {
+    /// Checks the settings without building anything; true when the HTTP email API is chosen.
+    pub fn check(&self) -> Result<bool, TransportError> {
+        self.from
+            .parse::<Mailbox>()
+            .map_err(|_| TransportError::From(self.from.clone()))?;
+        if let Some(url) = &self.smtp_url {
+            AsyncSmtpTransport::<Tokio1Executor>::from_url(url.expose_secret())
+                .map_err(|e| TransportError::SmtpUrl(e.to_string()))?;
+            return Ok(false);
+        }
+        if self.http_url.is_some() {
+            self.http_api_key
+                .as_ref()
+                .ok_or(TransportError::MissingApiKey)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
+impl Transport {
+    /// Builds the configured transport. Must run inside the runtime that will use it (the SMTP
+    /// connection pool starts a task).
+    pub fn from_config(config: &MailConfig) -> Result<Self, TransportError> {
+        config.check()?;
+        if let Some(url) = &config.smtp_url {
+            let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(url.expose_secret())
+                // Never echo the URL: it may carry a password.
+                .map_err(|e| TransportError::SmtpUrl(e.to_string()))?
+                .timeout(Some(config.timeout))
+                .build();
+            return Ok(Transport::Smtp { transport });
+        }
+        if let Some(url) = &config.http_url {
+            let api_key = config
+                .http_api_key
+                .clone()
+                .ok_or(TransportError::MissingApiKey)?;
+            return Ok(Transport::Http {
+                url: url.clone(),
+                api_key,
+                timeout: config.timeout,
+            });
+        }
+        Ok(Transport::File {
+            dir: config.mail_dir.clone(),
+        })
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Transport::File { .. } => "mail directory",
+            Transport::Smtp { .. } => "smtp",
+            Transport::Http { .. } => "http",
+        }
+    }
+
+    pub fn is_http(&self) -> bool {
+        matches!(self, Transport::Http { .. })
+    }
+
+    /// Delivers `email`; `Ok` only once the transport confirmed it.
+    pub async fn send(&self, email: &RenderedEmail) -> Result<(), SendError> {
+        match self {
+            Transport::File { dir } => {
+                let bytes = build_message(email)?.formatted();
+                write_eml(dir, &email.idempotency_key, &bytes)
+            }
+            Transport::Smtp { transport } => {
+                let message = build_message(email)?;
+                // Connection, EHLO and AUTH first: their failures are transient whatever the
+                // reply code, so that a bad password or a down server never kills a row.
+                match transport.test_connection().await {
+                    Ok(true) => {}
+                    Ok(false) => return Err(SendError::transient("the SMTP server is not ready")),
+                    Err(e) => {
+                        return Err(SendError::transient(format!(
+                            "connecting to the SMTP server: {e}"
+                        )))
+                    }
+                }
+                match transport.send(message).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.is_permanent() => Err(SendError::Permanent(format!("SMTP: {e}"))),
+                    Err(e) => Err(SendError::transient(format!("SMTP: {e}"))),
+                }
+            }
+            Transport::Http {
+                url,
+                api_key,
+                timeout,
+            } => send_http(url, api_key, *timeout, email).await,
+        }
+    }
+}
+
+fn build_message(email: &RenderedEmail) -> Result<Message, SendError> {
+    let from: Mailbox = email
+        .from
+        .parse()
+        .map_err(|e| SendError::Permanent(format!("sender address: {e}")))?;
+    let to: Mailbox = email
+        .to
+        .parse()
+        .map_err(|e| SendError::Permanent(format!("recipient address: {e}")))?;
+    Message::builder()
+        .from(from)
+        .to(to)
+        .subject(email.subject.clone())
+        .message_id(Some(email.message_id.clone()))
+        .multipart(
+            MultiPart::alternative()
+                .singlepart(
+                    SinglePart::builder()
+                        .header(ContentType::TEXT_PLAIN)
+                        .body(email.text.clone()),
+                )
+                .singlepart(
+                    SinglePart::builder()
+                        .header(ContentType::TEXT_HTML)
+                        .body(email.html.clone()),
+                ),
+        )
+        .map_err(|e| SendError::Permanent(format!("building the message: {e}")))
+}
+
+/// Writes atomically (temporary file, then rename), so a reader never sees half an email.
+fn write_eml(dir: &std::path::Path, key: &str, bytes: &[u8]) -> Result<(), SendError> {
+    let io = |e: std::io::Error| {
+        SendError::transient(format!(
+            "writing to the mail directory {}: {e}",
+            dir.display()
+        ))
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let tmp = dir.join(format!(".{key}.eml.tmp"));
+    std::fs::write(&tmp, bytes).map_err(io)?;
+    std::fs::rename(&tmp, dir.join(format!("{key}.eml"))).map_err(io)
+}
+
+async fn send_http(
+    url: &str,
+    api_key: &SecretString,
+    timeout: Duration,
+    email: &RenderedEmail,
+) -> Result<(), SendError> {
+    let client = awc::Client::builder().timeout(timeout).finish();
+    let body = serde_json::json!({
+        "from": email.from, "to": [email.to], "subject": email.subject,
+        "html": email.html, "text": email.text,
+        "headers": {"Message-ID": email.message_id},
+    });
+    let mut response = client
+        .post(url)
+        .insert_header((
+            "Authorization",
+            format!("Bearer {}", api_key.expose_secret()),
+        ))
+        .insert_header(("Idempotency-Key", email.idempotency_key.as_str()))
+        .send_json(&body)
+        .await
+        .map_err(|e| SendError::transient(format!("email API request failed: {e}")))?;
+    let status = response.status().as_u16();
+    if (200..300).contains(&status) {
+        return Ok(());
+    }
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let text = response
+        .body()
+        .limit(4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let reason = format!(
+        "email API answered {status}: {}",
+        text.chars().take(200).collect::<String>()
+    );
+    match status {
+        408 | 429 | 500..=599 => Err(SendError::Transient {
+            reason,
+            retry_after: if status == 429 || status == 503 {
+                retry_after
+            } else {
+                None
+            },
+        }),
+        _ => Err(SendError::Permanent(reason)),
+    }
+}

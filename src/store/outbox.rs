@@ -1,0 +1,228 @@
+//! The email outbox as the relay sees it: lease-based claims and recorded results.
+//!
+//! A relay claims due rows by setting its lease in one statement; a row whose lease ran out
+//! (its relay died) is due again. Results are recorded only while the relay still holds the
+//! row's lease, so two relays never both record a row: the lease is longer than the transport
+//! timeout, and a relay that overran its lease finds its update refused.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+use super::StoreError;
+use crate::clock::iso_millis;
+
+/// A row claimed for sending, with what rendering needs.
+#[derive(Debug, Clone)]
+pub struct ClaimedEmail {
+    pub id: i64,
+    pub order_id: String,
+    pub recipient: Option<String>,
+    pub template: String,
+    pub params: String,
+    pub idempotency_key: String,
+    /// Transport tries before this one.
+    pub attempts: i64,
+    /// `metadata.locale` of the order, if it set one.
+    pub locale: Option<String>,
+}
+
+/// A row as `sekali outbox list/show` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub order_id: String,
+    pub recipient: Option<String>,
+    pub template: String,
+    pub status: String,
+    pub attempts: i64,
+    pub idempotency_key: String,
+    pub created_at: String,
+    pub next_attempt_at: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<String>,
+    pub last_error: Option<String>,
+    pub sent_at: Option<String>,
+    pub params: String,
+}
+
+fn in_write_transaction<T>(
+    conn: &Connection,
+    work: impl FnOnce() -> rusqlite::Result<T>,
+) -> Result<T, StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    match work() {
+        Ok(value) => {
+            conn.execute_batch("COMMIT")?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e.into())
+        }
+    }
+}
+
+/// Claims up to `limit` due rows for `owner` until `now + lease`.
+pub fn claim_due(
+    conn: &Connection,
+    owner: &str,
+    now_ms: i64,
+    lease_ms: i64,
+    limit: usize,
+) -> Result<Vec<ClaimedEmail>, StoreError> {
+    let now = iso_millis(now_ms);
+    in_write_transaction(conn, || {
+        let mut claimed: Vec<ClaimedEmail> = conn
+            .prepare_cached(
+                "UPDATE email_outbox SET lease_owner = ?1, lease_until = ?2
+                 WHERE id IN (SELECT id FROM email_outbox
+                              WHERE status = 'pending' AND next_attempt_at <= ?3
+                                AND (lease_until IS NULL OR lease_until <= ?3)
+                              ORDER BY next_attempt_at, id LIMIT ?4)
+                 RETURNING id, order_id, recipient, template, params, idempotency_key, attempts",
+            )?
+            .query_map(
+                params![owner, iso_millis(now_ms + lease_ms), now, limit as i64],
+                |row| {
+                    Ok(ClaimedEmail {
+                        id: row.get(0)?,
+                        order_id: row.get(1)?,
+                        recipient: row.get(2)?,
+                        template: row.get(3)?,
+                        params: row.get(4)?,
+                        idempotency_key: row.get(5)?,
+                        attempts: row.get(6)?,
+                        locale: None,
+                    })
+                },
+            )?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut locale = conn.prepare_cached(
+            "SELECT json_extract(metadata, '$.locale') FROM orders WHERE order_id = ?1 AND json_valid(metadata)",
+        )?;
+        for email in &mut claimed {
+            email.locale = locale
+                .query_row([&email.order_id], |row| row.get::<_, Option<String>>(0))
+                .optional()?
+                .flatten();
+        }
+        claimed.sort_by_key(|e| e.id);
+        Ok(claimed)
+    })
+}
+
+/// The transport confirmed the email. False when this relay no longer held the lease.
+pub fn mark_sent(conn: &Connection, id: i64, owner: &str, now_ms: i64) -> Result<bool, StoreError> {
+    let now = iso_millis(now_ms);
+    in_write_transaction(conn, || {
+        Ok(conn
+            .prepare_cached(
+                "UPDATE email_outbox SET status = 'sent', attempts = attempts + 1, sent_at = ?3,
+                        next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL
+                 WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
+            )?
+            .execute(params![id, owner, now])?
+            == 1)
+    })
+}
+
+/// A failed try: due again at `retry_at_ms`, or `dead` when that is `None`. False when this
+/// relay no longer held the lease.
+pub fn mark_failed(
+    conn: &Connection,
+    id: i64,
+    owner: &str,
+    now_ms: i64,
+    error: &str,
+    retry_at_ms: Option<i64>,
+) -> Result<bool, StoreError> {
+    let now = iso_millis(now_ms);
+    in_write_transaction(conn, || {
+        Ok(conn
+            .prepare_cached(
+                "UPDATE email_outbox SET attempts = attempts + 1, last_error = ?4,
+                        status = CASE WHEN ?5 IS NULL THEN 'dead' ELSE 'pending' END,
+                        next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL
+                 WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
+            )?
+            .execute(params![id, owner, now, error, retry_at_ms.map(iso_millis)])?
+            == 1)
+    })
+}
+
+/// No recipient: nothing to send, visibly.
+pub fn mark_skipped(
+    conn: &Connection,
+    id: i64,
+    owner: &str,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let now = iso_millis(now_ms);
+    in_write_transaction(conn, || {
+        Ok(conn
+            .prepare_cached(
+                "UPDATE email_outbox SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
+                        lease_until = NULL, last_error = 'no recipient address'
+                 WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
+            )?
+            .execute(params![id, owner, now])?
+            == 1)
+    })
+}
+
+/// A dead row back to pending, due now, with its attempts reset. False if it was not dead.
+pub fn retry_dead(conn: &Connection, id: i64, now_ms: i64) -> Result<bool, StoreError> {
+    in_write_transaction(conn, || {
+        Ok(conn
+            .prepare_cached(
+                "UPDATE email_outbox SET status = 'pending', attempts = 0, next_attempt_at = ?2,
+                        lease_owner = NULL, lease_until = NULL
+                 WHERE id = ?1 AND status = 'dead'",
+            )?
+            .execute(params![id, iso_millis(now_ms)])?
+            == 1)
+    })
+}
+
+const ROW_COLUMNS: &str =
+    "id, order_id, recipient, template, status, attempts, idempotency_key, created_at, \
+                           next_attempt_at, lease_owner, lease_until, last_error, sent_at, params";
+
+fn outbox_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxRow> {
+    Ok(OutboxRow {
+        id: row.get(0)?,
+        order_id: row.get(1)?,
+        recipient: row.get(2)?,
+        template: row.get(3)?,
+        status: row.get(4)?,
+        attempts: row.get(5)?,
+        idempotency_key: row.get(6)?,
+        created_at: row.get(7)?,
+        next_attempt_at: row.get(8)?,
+        lease_owner: row.get(9)?,
+        lease_until: row.get(10)?,
+        last_error: row.get(11)?,
+        sent_at: row.get(12)?,
+        params: row.get(13)?,
+    })
+}
+
+pub fn list(
+    conn: &Connection,
+    status: Option<&str>,
+    limit: u32,
+) -> rusqlite::Result<Vec<OutboxRow>> {
+    conn.prepare(&format!(
+        "SELECT {ROW_COLUMNS} FROM email_outbox WHERE ?1 IS NULL OR status = ?1 ORDER BY id DESC LIMIT ?2"
+    ))?
+    .query_map(params![status, limit], outbox_row)?
+    .collect()
+}
+
+pub fn get(conn: &Connection, id: i64) -> rusqlite::Result<Option<OutboxRow>> {
+    conn.prepare(&format!(
+        "SELECT {ROW_COLUMNS} FROM email_outbox WHERE id = ?1"
+    ))?
+    .query_row([id], outbox_row)
+    .optional()
+}

@@ -1,0 +1,704 @@
+//! The outbox relay against a recording HTTP email API mock, a real SMTP sink (aiosmtpd) and
+//! the real `sekali relay` binary.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use futures_util::future::join_all;
+use secrecy::SecretString;
+use sekali::jobs::relay::{spawn_relay, RelayConfig};
+use sekali::mail::transport::MailConfig;
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::*;
+
+const FROM: &str = "shop@sekali.test";
+const API_KEY: &str = "re_test_key_123";
+
+/// One request the mock email API received.
+#[derive(Debug, Clone)]
+struct Seen {
+    key: String,
+    to: String,
+    subject: String,
+    message_id: String,
+    authorization: String,
+}
+
+/// What the mock answers to the `attempt`th request (1-based) for a key: status, Retry-After,
+/// and a delay before answering.
+type Script = Arc<dyn Fn(&Seen, usize) -> (u16, Option<u64>, Duration) + Send + Sync>;
+
+struct Mock {
+    url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    _handle: actix_web::dev::ServerHandle,
+}
+
+impl Mock {
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn spawn_mock(script: Script) -> Mock {
+    let seen: Arc<Mutex<Vec<Seen>>> = Default::default();
+    let state = (seen.clone(), script);
+    let server = HttpServer::new(move || {
+        let (seen, script) = state.clone();
+        App::new().route(
+            "/emails",
+            web::post().to(
+                move |req: HttpRequest, body: web::Json<serde_json::Value>| {
+                    let (seen, script) = (seen.clone(), script.clone());
+                    async move {
+                        let header = |name: &str| {
+                            req.headers()
+                                .get(name)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_owned()
+                        };
+                        let request = Seen {
+                            key: header("idempotency-key"),
+                            to: body["to"][0].as_str().unwrap_or("").to_owned(),
+                            subject: body["subject"].as_str().unwrap_or("").to_owned(),
+                            message_id: body["headers"]["Message-ID"]
+                                .as_str()
+                                .unwrap_or("")
+                                .to_owned(),
+                            authorization: header("authorization"),
+                        };
+                        let attempt = {
+                            let mut seen = seen.lock().unwrap();
+                            seen.push(request.clone());
+                            seen.iter().filter(|s| s.key == request.key).count()
+                        };
+                        let (status, retry_after, delay) = script(&request, attempt);
+                        if !delay.is_zero() {
+                            actix_web::rt::time::sleep(delay).await;
+                        }
+                        let mut response = HttpResponse::build(
+                            actix_web::http::StatusCode::from_u16(status).unwrap(),
+                        );
+                        if let Some(seconds) = retry_after {
+                            response.insert_header(("Retry-After", seconds.to_string()));
+                        }
+                        response.json(serde_json::json!({"id": format!("email_{attempt}")}))
+                    }
+                },
+            ),
+        )
+    })
+    .workers(2)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let port = server.addrs()[0].port();
+    let server = server.run();
+    let handle = server.handle();
+    actix_web::rt::spawn(server);
+    Mock {
+        url: format!("http://127.0.0.1:{port}/emails"),
+        seen,
+        _handle: handle,
+    }
+}
+
+fn relay_config(db: &Path) -> RelayConfig {
+    RelayConfig {
+        db_path: db.to_owned(),
+        busy_timeout: Duration::from_secs(5),
+        base_delay: Duration::from_secs(1),
+        max_delay: Duration::from_secs(8),
+        max_attempts: 5,
+        lease: Duration::from_secs(30),
+        transport_timeout: Duration::from_secs(5),
+        batch: 8,
+        poll_interval: Duration::from_millis(20),
+        owner: "relay-under-test".into(),
+        from: FROM.into(),
+        seed: Some(20261129),
+    }
+}
+
+fn http_mail(url: &str) -> MailConfig {
+    MailConfig {
+        smtp_url: None,
+        http_url: Some(url.to_owned()),
+        http_api_key: Some(SecretString::from(API_KEY.to_owned())),
+        mail_dir: std::env::temp_dir(),
+        from: FROM.into(),
+        timeout: Duration::from_secs(5),
+    }
+}
+
+/// The relay, in this process, on the app's manual clock.
+struct RunningRelay {
+    stop: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for RunningRelay {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn start_relay(app: &TestApp, config: RelayConfig, mail: MailConfig) -> RunningRelay {
+    let stop = CancellationToken::new();
+    let thread = spawn_relay(config, mail, app.clock.clone(), stop.clone());
+    RunningRelay {
+        stop,
+        thread: Some(thread),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    status: String,
+    attempts: i64,
+    next_attempt_ms: Option<i64>,
+    last_error: Option<String>,
+    key: String,
+}
+
+fn row(app: &TestApp, id: i64) -> Row {
+    app.db()
+        .query_row(
+            "SELECT status, attempts, next_attempt_at, last_error, idempotency_key FROM email_outbox WHERE id = ?1",
+            [id],
+            |r| {
+                let next: Option<String> = r.get(2)?;
+                Ok(Row {
+                    status: r.get(0)?,
+                    attempts: r.get(1)?,
+                    next_attempt_ms: next.map(|t| {
+                        humantime::parse_rfc3339(&t).unwrap().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+                    }),
+                    last_error: r.get(3)?,
+                    key: r.get(4)?,
+                })
+            },
+        )
+        .unwrap()
+}
+
+/// Polls until `ready` holds (the relay runs on its own thread), at most 15 s.
+async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    for _ in 0..750 {
+        if ready() {
+            return;
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn always(status: u16) -> Script {
+    Arc::new(move |_, _| (status, None, Duration::ZERO))
+}
+
+#[actix_web::test]
+async fn transient_failures_are_retried_with_the_same_key_until_sent() {
+    let app = spawn_app().await;
+    let mock = spawn_mock(Arc::new(|_, attempt| {
+        (if attempt < 3 { 503 } else { 200 }, None, Duration::ZERO)
+    }))
+    .await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+
+    for failures in 1..=2 {
+        wait_for("a failed try", || row(&app, 1).attempts == failures).await;
+        let r = row(&app, 1);
+        assert_eq!(r.status, "pending");
+        assert!(r.last_error.as_deref().unwrap().contains("503"), "{r:?}");
+        app.clock.advance(Duration::from_secs(8)); // past any backoff (max 8 s)
+    }
+    wait_for("the row to be sent", || row(&app, 1).status == "sent").await;
+    let r = row(&app, 1);
+    assert_eq!(
+        (r.attempts, r.next_attempt_ms, r.last_error),
+        (3, None, None)
+    );
+
+    let seen = mock.seen();
+    assert_eq!(seen.len(), 3);
+    for request in &seen {
+        assert_eq!(request.key, r.key, "every attempt carries the row's key");
+        assert_eq!(request.message_id, format!("<{}@sekali.test>", r.key));
+        assert_eq!(request.to, "ana@example.com");
+        assert_eq!(request.subject, "Payment received for order ord_1001");
+        assert_eq!(request.authorization, format!("Bearer {API_KEY}"));
+    }
+}
+
+#[actix_web::test]
+async fn backoff_delays_stay_within_their_bounds_and_the_attempt_limit_makes_a_row_dead() {
+    let app = spawn_app().await;
+    let mock = spawn_mock(always(500)).await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+    let mut config = relay_config(&app.db_path);
+    config.max_attempts = 6;
+    config.max_delay = Duration::from_secs(4);
+    let _relay = start_relay(&app, config, http_mail(&mock.url));
+
+    for n in 1..=5i64 {
+        wait_for("a failed try", || row(&app, 1).attempts == n).await;
+        let now_ms = app.clock.now_unix() * 1000;
+        let delay = row(&app, 1).next_attempt_ms.unwrap() - now_ms;
+        let cap = 4000.min(1000 * (1 << (n - 1)));
+        assert!(
+            (0..=cap).contains(&delay),
+            "after failure {n}: {delay} ms not in [0, {cap}]"
+        );
+        app.clock.advance(Duration::from_secs(5));
+    }
+    wait_for("the row to die", || row(&app, 1).status == "dead").await;
+    let r = row(&app, 1);
+    assert_eq!((r.attempts, r.next_attempt_ms), (6, None));
+    assert!(r.last_error.unwrap().contains("gave up after 6 attempts"));
+    assert_eq!(mock.seen().len(), 6);
+}
+
+#[actix_web::test]
+async fn retry_after_is_honoured_and_capped_at_the_max_delay() {
+    let app = spawn_app().await;
+    let mock = spawn_mock(Arc::new(|_, attempt| match attempt {
+        1 => (429, Some(3), Duration::ZERO),
+        2 => (503, Some(999), Duration::ZERO),
+        _ => (200, None, Duration::ZERO),
+    }))
+    .await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+
+    wait_for("the 429", || row(&app, 1).attempts == 1).await;
+    assert_eq!(
+        row(&app, 1).next_attempt_ms.unwrap() - app.clock.now_unix() * 1000,
+        3000,
+        "Retry-After: 3"
+    );
+    app.clock.advance(Duration::from_secs(3));
+    wait_for("the 503", || row(&app, 1).attempts == 2).await;
+    assert_eq!(
+        row(&app, 1).next_attempt_ms.unwrap() - app.clock.now_unix() * 1000,
+        8000,
+        "999 s capped at 8 s"
+    );
+    app.clock.advance(Duration::from_secs(8));
+    wait_for("the row to be sent", || row(&app, 1).status == "sent").await;
+}
+
+#[actix_web::test]
+async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives_it() {
+    let app = spawn_app().await;
+    let mock = spawn_mock(Arc::new(|_, attempt| {
+        (if attempt == 1 { 422 } else { 200 }, None, Duration::ZERO)
+    }))
+    .await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+    let relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    wait_for("the row to die", || row(&app, 1).status == "dead").await;
+    let r = row(&app, 1);
+    assert_eq!((r.attempts, r.next_attempt_ms), (1, None));
+    assert!(r.last_error.unwrap().contains("422"));
+
+    let list = Command::new(sekali_bin())
+        .args(["outbox", "list", "--status", "dead", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&list.stdout).contains("receipt"),
+        "{list:?}"
+    );
+    drop(relay);
+    let retry = Command::new(sekali_bin())
+        .args(["outbox", "retry", "1", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&retry.stdout),
+        "outbox row 1: dead -> pending\n"
+    );
+    let again = Command::new(sekali_bin())
+        .args(["outbox", "retry", "1", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(!again.status.success(), "only dead rows can be retried");
+
+    // The revived row is due at the real time of the retry; the relay's clock must reach it.
+    app.clock.set(sekali::clock::SystemClock.now_unix() + 1);
+    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    wait_for("the revived row to be sent", || {
+        row(&app, 1).status == "sent"
+    })
+    .await;
+    let show = Command::new(sekali_bin())
+        .args(["outbox", "show", "1", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(shown["status"], "sent");
+}
+
+#[actix_web::test]
+async fn a_row_without_a_recipient_is_skipped_visibly() {
+    let app = spawn_app().await;
+    let mock = spawn_mock(always(200)).await;
+    app.deliver_midtrans("settlement").await; // Midtrans notifications carry no email
+    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    wait_for("the row to be skipped", || row(&app, 1).status == "skipped").await;
+    assert_eq!(
+        row(&app, 1).last_error.as_deref(),
+        Some("no recipient address")
+    );
+    assert!(mock.seen().is_empty());
+}
+
+#[actix_web::test]
+async fn emails_are_indonesian_for_rupiah_and_english_otherwise() {
+    let app = spawn_app().await;
+    let mock = spawn_mock(always(200)).await;
+    app.deliver_stripe("checkout.session.completed.unpaid")
+        .await; // ord_1004, IDR
+    app.deliver_stripe("checkout.session.async_payment_succeeded")
+        .await;
+    app.deliver_stripe("payment_intent.succeeded").await; // ord_1001, USD
+    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    wait_for("both receipts", || mock.seen().len() == 2).await;
+    let subjects: Vec<String> = mock.seen().into_iter().map(|s| s.subject).collect();
+    assert!(
+        subjects.contains(&"Pembayaran diterima untuk pesanan ord_1004".to_owned()),
+        "{subjects:?}"
+    );
+    assert!(
+        subjects.contains(&"Payment received for order ord_1001".to_owned()),
+        "{subjects:?}"
+    );
+}
+
+/// A body for order `n` with this receipt email.
+fn succeeded_for(n: usize, email: &str) -> Vec<u8> {
+    String::from_utf8(fixture("stripe/payment_intent.succeeded.json"))
+        .unwrap()
+        .replace("evt_1QA0002succeeded000001", &format!("evt_relay_{n:05}"))
+        .replace("ord_1001", &format!("ord_relay_{n:05}"))
+        .replace("pi_3QA0001Order1001", &format!("pi_relay_{n:05}"))
+        .replace("ana@example.com", email)
+        .into_bytes()
+}
+
+struct SmtpSink {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for SmtpSink {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_smtp_sink() -> SmtpSink {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new("python3")
+        .arg(format!("{}/tests/smtp_sink.py", env!("CARGO_MANIFEST_DIR")))
+        .arg(port.to_string())
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs the SMTP sink");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(
+        line.trim(),
+        "ready",
+        "the SMTP sink starts (pip install aiosmtpd)"
+    );
+    SmtpSink { child, port, dir }
+}
+
+fn smtp_mail(port: u16) -> MailConfig {
+    MailConfig {
+        smtp_url: Some(SecretString::from(format!("smtp://127.0.0.1:{port}"))),
+        http_url: None,
+        http_api_key: None,
+        mail_dir: std::env::temp_dir(),
+        from: FROM.into(),
+        timeout: Duration::from_secs(5),
+    }
+}
+
+#[actix_web::test]
+async fn smtp_delivery_to_a_real_server_with_a_deterministic_message_id() {
+    let app = spawn_app().await;
+    let sink = actix_web::rt::task::spawn_blocking(start_smtp_sink)
+        .await
+        .unwrap();
+    app.deliver_stripe_body(&succeeded_for(1, "ana@example.com"))
+        .await;
+    app.deliver_stripe_body(&succeeded_for(2, "reject@example.com"))
+        .await;
+    app.deliver_stripe_body(&succeeded_for(3, "tempfail@example.com"))
+        .await;
+    let _relay = start_relay(&app, relay_config(&app.db_path), smtp_mail(sink.port));
+
+    wait_for("the first to be sent", || row(&app, 1).status == "sent").await;
+    wait_for("the rejected one to die", || row(&app, 2).status == "dead").await;
+    let rejected = row(&app, 2);
+    assert_eq!(rejected.attempts, 1, "SMTP 5xx to RCPT is permanent");
+    assert!(rejected.last_error.unwrap().contains("550"));
+    for failures in 1..=2 {
+        wait_for("a 451", || row(&app, 3).attempts == failures).await;
+        app.clock.advance(Duration::from_secs(8));
+    }
+    wait_for("the tempfail one to be sent", || {
+        row(&app, 3).status == "sent"
+    })
+    .await;
+    assert_eq!(row(&app, 3).attempts, 3);
+
+    let received: Vec<String> = std::fs::read_dir(sink.dir.path())
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(received.len(), 2);
+    let first = received
+        .iter()
+        .find(|m| m.contains("To: ana@example.com"))
+        .expect("ana's receipt");
+    assert!(
+        first.contains(&format!("Message-ID: <{}@sekali.test>", row(&app, 1).key)),
+        "{first}"
+    );
+    assert!(first.contains("Payment received for order ord_relay_00001"));
+    assert!(first.contains("$25.00"));
+}
+
+#[actix_web::test]
+async fn an_smtp_server_that_cannot_be_reached_never_kills_a_row() {
+    let app = spawn_app().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    app.deliver_stripe("payment_intent.succeeded").await;
+    let _relay = start_relay(&app, relay_config(&app.db_path), smtp_mail(closed));
+    wait_for("a failed try", || row(&app, 1).attempts == 1).await;
+    let r = row(&app, 1);
+    assert_eq!(r.status, "pending", "a connection failure is transient");
+    assert!(r
+        .last_error
+        .unwrap()
+        .contains("connecting to the SMTP server"));
+}
+
+#[test]
+fn serve_refuses_relay_settings_that_outlive_the_downstream_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(sekali_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--relay-max-attempts",
+            "40",
+            "--db",
+        ])
+        .arg(dir.path().join("s.db"))
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .env("SEKALI_MAIL_API_URL", "http://127.0.0.1:9/emails")
+        .env("SEKALI_MAIL_API_KEY", API_KEY)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("24 h lifetime"), "{stderr}");
+}
+
+/// `sekali relay` as a child process against the mock.
+fn spawn_relay_process(db: &Path, mock_url: &str) -> Child {
+    Command::new(sekali_bin())
+        .args([
+            "relay",
+            "--relay-base-delay",
+            "20ms",
+            "--relay-max-delay",
+            "200ms",
+            "--relay-lease",
+            "3s",
+            "--relay-timeout",
+            "2s",
+            "--relay-poll-interval",
+            "20ms",
+            "--relay-max-attempts",
+            "25",
+            "--db",
+        ])
+        .arg(db)
+        .env("SEKALI_MAIL_API_URL", mock_url)
+        .env("SEKALI_MAIL_API_KEY", API_KEY)
+        .env("SEKALI_MAIL_FROM", FROM)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+async fn deliver_many(app: &TestApp, count: usize) {
+    for chunk in (0..count).collect::<Vec<_>>().chunks(200) {
+        let bodies: Vec<Vec<u8>> = chunk
+            .iter()
+            .map(|n| succeeded_for(*n, &format!("c{n}@example.com")))
+            .collect();
+        let answers = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b))).await;
+        assert!(answers.iter().all(|a| a.status == 200));
+    }
+}
+
+fn counts_by_status(app: &TestApp) -> HashMap<String, i64> {
+    let conn = app.db();
+    let mut stmt = conn
+        .prepare("SELECT status, count(*) FROM email_outbox GROUP BY status")
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn all_keys(app: &TestApp) -> Vec<String> {
+    let conn = app.db();
+    let mut stmt = conn
+        .prepare("SELECT idempotency_key FROM email_outbox")
+        .unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[actix_web::test]
+async fn relay_chaos_every_row_ends_sent_or_dead_and_resends_carry_the_same_key() {
+    let rows = 3000;
+    let app = spawn_app().await;
+    deliver_many(&app, rows).await;
+    // A fifth of requests fail with 503; one in seven answers slowly.
+    let mock = spawn_mock(Arc::new(|seen: &Seen, attempt| {
+        let h = seen.key.bytes().fold(attempt as u64, |h, b| {
+            h.wrapping_mul(31).wrapping_add(b as u64)
+        });
+        let status = if h % 5 == 0 { 503 } else { 200 };
+        let delay = if h % 7 == 0 {
+            Duration::from_millis(150)
+        } else {
+            Duration::ZERO
+        };
+        (status, None, delay)
+    }))
+    .await;
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut relay = spawn_relay_process(&app.db_path, &mock.url);
+    for _ in 0..6 {
+        actix_web::rt::time::sleep(Duration::from_millis(rng.u64(150..600))).await;
+        relay.kill().unwrap(); // SIGKILL
+        relay.wait().unwrap();
+        relay = spawn_relay_process(&app.db_path, &mock.url);
+    }
+    let mut done = false;
+    for _ in 0..600 {
+        let counts = counts_by_status(&app);
+        if counts.get("pending").copied().unwrap_or(0) == 0 {
+            done = true;
+            break;
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    relay.kill().unwrap();
+    relay.wait().unwrap();
+    let counts = counts_by_status(&app);
+    assert!(done, "rows still pending: {counts:?}");
+    assert_eq!(
+        counts.get("sent").copied().unwrap_or(0) + counts.get("dead").copied().unwrap_or(0),
+        rows as i64
+    );
+
+    let seen = mock.seen();
+    let mut by_key: HashMap<&str, Vec<&Seen>> = HashMap::new();
+    for s in &seen {
+        by_key.entry(s.key.as_str()).or_default().push(s);
+    }
+    for key in all_keys(&app) {
+        let requests = by_key
+            .get(key.as_str())
+            .unwrap_or_else(|| panic!("the mock never saw {key}"));
+        for request in requests {
+            assert_eq!(
+                request.message_id,
+                format!("<{key}@sekali.test>"),
+                "a resend is recognisable by its key"
+            );
+            assert_eq!(
+                (&request.to, &request.subject),
+                (&requests[0].to, &requests[0].subject)
+            );
+        }
+    }
+    println!(
+        "relay chaos: {rows} rows, {} requests, {counts:?}",
+        seen.len()
+    );
+}
+
+#[actix_web::test]
+async fn two_relays_on_one_database_never_send_a_row_twice() {
+    let rows = 400;
+    let app = spawn_app().await;
+    deliver_many(&app, rows).await;
+    let mock = spawn_mock(Arc::new(|_, _| (200, None, Duration::from_millis(5)))).await;
+    let mut first = spawn_relay_process(&app.db_path, &mock.url);
+    let mut second = spawn_relay_process(&app.db_path, &mock.url);
+    wait_for("every row to be sent", || {
+        counts_by_status(&app).get("sent").copied() == Some(rows as i64)
+    })
+    .await;
+    for relay in [&mut first, &mut second] {
+        relay.kill().unwrap();
+        relay.wait().unwrap();
+    }
+    let seen = mock.seen();
+    let mut per_key: HashMap<&str, usize> = HashMap::new();
+    for s in &seen {
+        *per_key.entry(s.key.as_str()).or_default() += 1;
+    }
+    assert_eq!(per_key.len(), rows);
+    assert!(
+        per_key.values().all(|n| *n == 1),
+        "a row was sent by both relays"
+    );
+}
