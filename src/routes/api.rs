@@ -1,8 +1,9 @@
 //! Building blocks for sekali's own API: bearer authentication and the Idempotency-Key.
 //!
 //! A mutating route opts in to idempotency by taking [`ApiClient`] and [`IdempotencyKey`] as
-//! extractors (in that order: 401 before 400) and handing its work to
-//! [`crate::store::Writer::idempotent`]; see `orders::create_order`.
+//! extractors (in that order: 401 before 400), validating its body, and answering with one call
+//! to [`idempotent`], giving it the work to do inside the transaction; see
+//! `orders::create_order`.
 
 use std::collections::HashSet;
 use std::future::{ready, Ready};
@@ -16,6 +17,9 @@ use subtle::ConstantTimeEq;
 
 use super::problem::Problem;
 use super::AppState;
+use crate::store::idempotency::{
+    IdempotentOutcome, IdempotentRequest, IdempotentWork, StoredResponse,
+};
 
 /// The calling service, named by the token it presented.
 #[derive(Debug, Clone)]
@@ -122,6 +126,69 @@ pub fn parse_idempotency_key(raw: &str) -> Result<String, String> {
         )),
         _ => Ok(key),
     }
+}
+
+/// Runs `work` under the request's Idempotency-Key and answers: the fresh response, the stored
+/// one (with `Idempotent-Replayed: true`), 422 for a key reused with another request, 409 while
+/// the first request with the key is in flight, 503 if nothing committed. `body` is the
+/// validated JSON body; the fingerprint covers the method, the path and its RFC 8785 form.
+pub async fn idempotent(
+    state: &web::Data<AppState>,
+    client: ApiClient,
+    key: IdempotencyKey,
+    req: &HttpRequest,
+    body: &serde_json::Value,
+    work: IdempotentWork,
+) -> Result<actix_web::HttpResponse, Problem> {
+    let fingerprint = request_fingerprint(req.method().as_str(), req.path(), body)?;
+    let Some(_in_flight) = InFlightKeys::begin(state, &client.0, &key.0) else {
+        return Err(Problem::request_in_flight());
+    };
+    let outcome = state
+        .writer
+        .idempotent(IdempotentRequest {
+            client: client.0,
+            key: key.0,
+            fingerprint,
+            retention_secs: state.idempotency_retention_secs,
+            work,
+        })
+        .await
+        .map_err(|e| {
+            tracing::error!(error = ?e, method = %req.method(), path = req.path(), "idempotent request not carried out");
+            Problem::unavailable()
+        })?;
+    match outcome {
+        IdempotentOutcome::Fresh(stored) => Ok(stored_response(stored, false)),
+        IdempotentOutcome::Replayed(stored) => Ok(stored_response(stored, true)),
+        IdempotentOutcome::FingerprintMismatch => Err(Problem::key_reused()),
+    }
+}
+
+/// SHA-256 of `"METHOD path\n"` and the RFC 8785 (JCS) form of the body: key order and
+/// whitespace do not change it; the query string is not part of it.
+pub fn request_fingerprint(
+    method: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<String, Problem> {
+    use sha2::{Digest, Sha256};
+    let canonical = serde_jcs::to_vec(body).map_err(|e| Problem::invalid_request(e.to_string()))?;
+    let mut hasher = Sha256::new();
+    hasher.update(format!("{method} {path}\n").as_bytes());
+    hasher.update(&canonical);
+    Ok(hex::encode(hasher.finalize()))
+}
+
+fn stored_response(stored: StoredResponse, replayed: bool) -> actix_web::HttpResponse {
+    let status = actix_web::http::StatusCode::from_u16(stored.status)
+        .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = actix_web::HttpResponse::build(status);
+    response.insert_header((header::CONTENT_TYPE, stored.content_type));
+    if replayed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    response.body(stored.body)
 }
 
 /// Keys whose first request is being processed right now, per client. A concurrent request with

@@ -1,14 +1,13 @@
 //! `POST /orders`, `GET /orders/{id}`, `GET /orders`: the shop's own API.
 
-use actix_web::{http::header, web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
-use super::api::{ApiClient, IdempotencyKey, InFlightKeys};
+use super::api::{self, ApiClient, IdempotencyKey};
 use super::problem::Problem;
 use super::AppState;
 use crate::domain::{OrderStatus, Provider};
-use crate::store::idempotency::{IdempotentOutcome, IdempotentRequest, StoredResponse};
+use crate::store::idempotency::StoredResponse;
 use crate::store::orders::{self, NewOrder};
 
 /// The body of `POST /orders`. Unknown fields are refused, so a typo is not silently dropped.
@@ -23,9 +22,8 @@ struct CreateOrderRequest {
     metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-/// Checks the request; returns the order to create (without its id when none was given) and
-/// the body's RFC 8785 canonical form for the fingerprint.
-fn validate(body: &[u8]) -> Result<(CreateOrderRequest, Vec<u8>), Problem> {
+/// Checks the request; returns it and its JSON value (for the fingerprint).
+fn validate(body: &[u8]) -> Result<(CreateOrderRequest, serde_json::Value), Problem> {
     let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| Problem::invalid_request(format!("the body is not valid JSON: {e}")))?;
     if !value.is_object() {
@@ -77,33 +75,11 @@ fn validate(body: &[u8]) -> Result<(CreateOrderRequest, Vec<u8>), Problem> {
             ));
         }
     }
-    let canonical =
-        serde_jcs::to_vec(&value).map_err(|e| Problem::invalid_request(e.to_string()))?;
-    Ok((request, canonical))
-}
-
-/// SHA-256 of `"METHOD path\n"` and the canonical body: key order and whitespace do not change
-/// it, the query string is not part of it.
-fn fingerprint(method: &str, path: &str, canonical_body: &[u8]) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(format!("{method} {path}\n").as_bytes());
-    hasher.update(canonical_body);
-    hex::encode(hasher.finalize())
+    Ok((request, value))
 }
 
 fn generated_order_id() -> String {
     format!("ord_{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..))
-}
-
-fn respond(stored: StoredResponse, replayed: bool) -> HttpResponse {
-    let status = actix_web::http::StatusCode::from_u16(stored.status)
-        .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = HttpResponse::build(status);
-    response.insert_header((header::CONTENT_TYPE, stored.content_type));
-    if replayed {
-        response.insert_header(("Idempotent-Replayed", "true"));
-    }
-    response.body(stored.body)
 }
 
 /// Checks, in order: authentication (401), the key (400), the request (400, never stored), then
@@ -115,11 +91,7 @@ pub async fn create_order(
     body: web::Bytes,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
-    let (request, canonical) = validate(&body)?;
-    let fingerprint = fingerprint(req.method().as_str(), req.path(), &canonical);
-    let Some(_in_flight) = InFlightKeys::begin(&state, &client.0, &key.0) else {
-        return Err(Problem::request_in_flight());
-    };
+    let (request, value) = validate(&body)?;
     let order = NewOrder {
         order_id: request.order_id.unwrap_or_else(generated_order_id),
         amount: request.amount,
@@ -143,25 +115,7 @@ pub async fn create_order(
             },
         )
     });
-    let outcome = state
-        .writer
-        .idempotent(IdempotentRequest {
-            client: client.0,
-            key: key.0,
-            fingerprint,
-            retention_secs: state.idempotency_retention_secs,
-            work,
-        })
-        .await
-        .map_err(|e| {
-            tracing::error!(error = ?e, "POST /orders not carried out");
-            Problem::unavailable()
-        })?;
-    match outcome {
-        IdempotentOutcome::Fresh(stored) => Ok(respond(stored, false)),
-        IdempotentOutcome::Replayed(stored) => Ok(respond(stored, true)),
-        IdempotentOutcome::FingerprintMismatch => Err(Problem::key_reused()),
-    }
+    api::idempotent(&state, client, key, &req, &value, work).await
 }
 
 pub async fn get_order(
