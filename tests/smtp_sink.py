@@ -5,6 +5,8 @@ usage: python3 tests/smtp_sink.py PORT OUT_DIR
 Accepts every message and writes it to OUT_DIR/<n>.eml, except by recipient:
   reject@...    RCPT answered 550 (a permanent failure)
   tempfail@...  RCPT answered 451 the first two times, then accepted (transient)
+AUTH (PLAIN/LOGIN, allowed without TLS on loopback) accepts only sekali / right-password;
+clients that do not authenticate may still send.
 Prints "ready" once listening.
 """
 import sys
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
 
 
 class Sink:
@@ -42,9 +45,17 @@ class Sink:
         return "250 Message accepted"
 
 
+def authenticator(server, session, envelope, mechanism, auth_data):
+    ok = isinstance(auth_data, LoginPassword) and auth_data.login == b"sekali" and auth_data.password == b"right-password"
+    # handled=False: let aiosmtpd answer 535 itself (the default, True, sends no reply at all).
+    return AuthResult(success=ok, handled=False)
+
+
 if __name__ == "__main__":
     port, out = int(sys.argv[1]), sys.argv[2]
-    controller = Controller(Sink(out), hostname="127.0.0.1", port=port)
+    controller = Controller(
+        Sink(out), hostname="127.0.0.1", port=port, authenticator=authenticator, auth_require_tls=False
+    )
     controller.start()
     print("ready", flush=True)
     try:

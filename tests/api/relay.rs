@@ -517,6 +517,46 @@ async fn an_smtp_server_that_cannot_be_reached_never_kills_a_row() {
         .contains("connecting to the SMTP server"));
 }
 
+#[actix_web::test]
+async fn a_wrong_smtp_password_is_transient_for_every_row() {
+    let app = spawn_app().await;
+    let sink = actix_web::rt::task::spawn_blocking(start_smtp_sink)
+        .await
+        .unwrap();
+    app.deliver_stripe("payment_intent.succeeded").await;
+    let mut mail = smtp_mail(sink.port);
+    mail.smtp_url = Some(SecretString::from(format!(
+        "smtp://sekali:wrong-password@127.0.0.1:{}",
+        sink.port
+    )));
+    let relay = start_relay(&app, relay_config(&app.db_path), mail);
+    wait_for("a failed try", || row(&app, 1).attempts == 1).await;
+    let r = row(&app, 1);
+    assert_eq!(
+        r.status, "pending",
+        "an authentication failure must not kill the row"
+    );
+    let error = r.last_error.unwrap();
+    assert!(
+        error.contains("connecting to the SMTP server") && error.contains("535"),
+        "{error}"
+    );
+    assert!(
+        !error.contains("wrong-password"),
+        "the password is never recorded"
+    );
+    drop(relay);
+
+    let mut mail = smtp_mail(sink.port);
+    mail.smtp_url = Some(SecretString::from(format!(
+        "smtp://sekali:right-password@127.0.0.1:{}",
+        sink.port
+    )));
+    app.clock.advance(Duration::from_secs(8));
+    let _relay = start_relay(&app, relay_config(&app.db_path), mail);
+    wait_for("the row to be sent", || row(&app, 1).status == "sent").await;
+}
+
 #[test]
 fn serve_refuses_relay_settings_that_outlive_the_downstream_key() {
     let dir = tempfile::tempdir().unwrap();
