@@ -124,18 +124,8 @@ pub async fn get_order(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
     let order_id = path.into_inner();
-    let pool = state.reads.clone();
     let id = order_id.clone();
-    let found = web::block(move || -> Result<_, crate::store::StoreError> {
-        Ok(orders::get_order(&*pool.get()?, &id)?)
-    })
-    .await
-    .map_err(|_| Problem::unavailable())?
-    .map_err(|e| {
-        tracing::error!(error = ?e, "reading an order failed");
-        Problem::unavailable()
-    })?;
-    match found {
+    match read(&state, move |conn| orders::get_order(conn, &id)).await? {
         Some(view) => Ok(HttpResponse::Ok().json(view)),
         None => Err(Problem::not_found(&order_id)),
     }
@@ -172,23 +162,29 @@ pub async fn list_orders(
             "limit must be between 1 and {MAX_PAGE}"
         )));
     }
-    let pool = state.reads.clone();
-    let page = web::block(move || -> Result<_, crate::store::StoreError> {
-        Ok(orders::list_orders(
-            &*pool.get()?,
-            query.status.as_deref(),
-            query.after.as_deref(),
-            limit,
-        )?)
+    let page = read(&state, move |conn| {
+        orders::list_orders(conn, query.status.as_deref(), query.after.as_deref(), limit)
     })
-    .await
-    .map_err(|_| Problem::unavailable())?
-    .map_err(|e| {
-        tracing::error!(error = ?e, "listing orders failed");
-        Problem::unavailable()
-    })?;
+    .await?;
     let next_after = (page.len() == limit as usize)
         .then(|| page.last().map(|o| o.order_id.clone()))
         .flatten();
     Ok(HttpResponse::Ok().json(serde_json::json!({ "orders": page, "next_after": next_after })))
+}
+
+/// Runs a read on a pooled read-only connection, off the async executor; any failure is an
+/// opaque 503 for the caller and a full error in the log.
+async fn read<T: Send + 'static>(
+    state: &AppState,
+    query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+) -> Result<T, Problem> {
+    let pool = state.reads.clone();
+    let result =
+        web::block(move || -> Result<T, crate::store::StoreError> { Ok(query(&*pool.get()?)?) })
+            .await
+            .map_err(|_| Problem::unavailable())?;
+    result.map_err(|e| {
+        tracing::error!(error = ?e, "reading orders failed");
+        Problem::unavailable()
+    })
 }

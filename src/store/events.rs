@@ -270,20 +270,12 @@ fn apply_change(
                 now,
                 event.event_id,
             ])?;
-            record_transition(
+            record_change(
                 conn,
                 event.provider.as_str(),
                 &event.event_id,
                 order_id,
                 None,
-                &state,
-                now,
-            )?;
-            queue_notice(
-                conn,
-                event.provider.as_str(),
-                &event.event_id,
-                order_id,
                 &state,
                 now,
             )?;
@@ -376,20 +368,12 @@ fn move_existing_order(
             now,
             event.event_id,
         ])?;
-        record_transition(
+        record_change(
             conn,
             event.provider.as_str(),
             &event.event_id,
             order_id,
             Some(current.status),
-            &next,
-            now,
-        )?;
-        queue_notice(
-            conn,
-            event.provider.as_str(),
-            &event.event_id,
-            order_id,
             &next,
             now,
         )?;
@@ -434,8 +418,23 @@ fn payment_mismatch(order: &OrderState, change: &StatusChange) -> bool {
     amount_differs || currency_differs
 }
 
-/// Appends to the audit trail; called exactly where the order's status or refund changes.
-pub(crate) fn record_transition(
+/// The effects of a status change: its row in the audit trail and the customer notice the new
+/// status carries. Called exactly where an order's status or refund changes.
+pub(crate) fn record_change(
+    conn: &Connection,
+    provider: &str,
+    event_id: &str,
+    order_id: &str,
+    from: Option<OrderStatus>,
+    to: &OrderState,
+    now: &str,
+) -> rusqlite::Result<()> {
+    record_transition(conn, provider, event_id, order_id, from, to, now)?;
+    queue_notice(conn, provider, event_id, order_id, to, now)
+}
+
+/// Appends to the audit trail.
+fn record_transition(
     conn: &Connection,
     provider: &str,
     event_id: &str,
@@ -464,7 +463,7 @@ pub(crate) fn record_transition(
 /// Queues the notice for the status in `order` if it has one. The idempotency key is derived
 /// from the change itself, so two different events announcing the same change cannot queue two
 /// emails.
-pub(crate) fn queue_notice(
+fn queue_notice(
     conn: &Connection,
     provider: &str,
     event_id: &str,

@@ -3,7 +3,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::events::{load_order, queue_notice, record_transition};
+use super::events::{load_order, record_change};
 use super::StoreError;
 use crate::clock::iso_seconds;
 use crate::domain::OrderStatus;
@@ -114,7 +114,8 @@ pub fn insert_api_order(
         return Ok(None);
     }
     let state = load_order(conn, &order.order_id)?.expect("the order was just inserted");
-    record_transition(conn, "api", &origin, &order.order_id, None, &state, &now)?;
+    // Created in pending, which carries no notice: this records the transition only.
+    record_change(conn, "api", &origin, &order.order_id, None, &state, &now)?;
     Ok(get_order(conn, &order.order_id)?)
 }
 
@@ -147,7 +148,7 @@ pub fn set_status_by_operator(
             params![order_id, status.as_str(), now],
         )
         .map_err(StoreError::from)?;
-        record_transition(
+        record_change(
             conn,
             "operator",
             "operator",
@@ -157,8 +158,6 @@ pub fn set_status_by_operator(
             &now,
         )
         .map_err(StoreError::from)?;
-        queue_notice(conn, "operator", "operator", order_id, &state, &now)
-            .map_err(StoreError::from)?;
         Ok(previous)
     })();
     match result {
