@@ -36,8 +36,9 @@ CREATE TABLE IF NOT EXISTS processed_events (
     PRIMARY KEY (provider, event_id)
 );
 
+-- Indexes cost every delivery a B-tree insert, so only those the service itself needs exist:
+-- the purge's (expires_at) and the parked lookup. Listing uses rowid, which is arrival order.
 CREATE INDEX IF NOT EXISTS processed_events_expires_at ON processed_events (expires_at);
-CREATE INDEX IF NOT EXISTS processed_events_received_at ON processed_events (received_at);
 CREATE INDEX IF NOT EXISTS processed_events_parked
     ON processed_events (payment_intent_id) WHERE outcome = 'parked';
 
@@ -68,9 +69,8 @@ CREATE TABLE IF NOT EXISTS orders (
     source            TEXT NOT NULL DEFAULT 'webhook' CHECK (source IN ('webhook', 'api')),
     -- The JSON object given at creation through the API, if any.
     metadata          TEXT
-);
+) WITHOUT ROWID;
 
-CREATE INDEX IF NOT EXISTS orders_status ON orders (status, order_id);
 
 -- Every status change of every order, in the transaction that made it: the audit trail.
 -- from_status is NULL when the event created the order. One row per change, so
@@ -87,14 +87,13 @@ CREATE TABLE IF NOT EXISTS order_transitions (
     changed_at        TEXT NOT NULL
 );
 
-CREATE INDEX IF NOT EXISTS order_transitions_order ON order_transitions (order_id, id);
 
 -- Every Stripe PaymentIntent seen with an order; charges and disputes that carry no order id
 -- are resolved through it.
 CREATE TABLE IF NOT EXISTS order_payment_intents (
     payment_intent_id TEXT PRIMARY KEY NOT NULL,
     order_id          TEXT NOT NULL REFERENCES orders (order_id)
-);
+) WITHOUT ROWID;
 
 -- Customer emails to send, written in the same transaction as the status change they announce.
 -- Never purged.
@@ -132,7 +131,6 @@ CREATE TABLE IF NOT EXISTS email_outbox (
 );
 
 CREATE INDEX IF NOT EXISTS email_outbox_due ON email_outbox (status, next_attempt_at);
-CREATE INDEX IF NOT EXISTS email_outbox_order ON email_outbox (order_id);
 
 -- Idempotency-Key records for sekali's own API (POST /orders), per calling client. The claim,
 -- the work and the stored response commit in one transaction, so a row is always complete

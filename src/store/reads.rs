@@ -59,7 +59,7 @@ pub fn list_events(
     let sql = format!(
         "SELECT {SUMMARY_COLUMNS} FROM processed_events
          WHERE ?1 IS NULL OR provider = ?1
-         ORDER BY received_at DESC, rowid DESC LIMIT ?2"
+         ORDER BY rowid DESC LIMIT ?2"
     );
     conn.prepare(&sql)?
         .query_map(params![provider, limit], summary)?
