@@ -29,7 +29,13 @@ pub enum RenderError {
     Template(String, String),
 }
 
-fn environment() -> Environment<'static> {
+/// The templates, parsed once per process.
+fn environment() -> &'static Environment<'static> {
+    static ENVIRONMENT: std::sync::OnceLock<Environment<'static>> = std::sync::OnceLock::new();
+    ENVIRONMENT.get_or_init(build_environment)
+}
+
+fn build_environment() -> Environment<'static> {
     let mut env = Environment::new();
     // Templates live in the source tree and are compiled into the binary.
     for (name, source) in [
@@ -165,6 +171,47 @@ mod tests {
         assert_eq!(format_amount(123_456_789, "USD"), "$1,234,567.89");
         assert_eq!(format_amount(5, "EUR"), "€0.05");
         assert_eq!(format_amount(1500, "SGD"), "SGD 15.00");
+    }
+
+    #[test]
+    fn a_rupiah_receipt_renders_in_indonesian_as_text_and_html() {
+        let email = ClaimedEmail {
+            id: 1,
+            order_id: "ORDER-2001".into(),
+            recipient: Some("sari@example.com".into()),
+            template: "receipt".into(),
+            params: r#"{"order_id":"ORDER-2001","status":"paid","amount":150000000,"refunded_amount":0,"currency":"IDR"}"#.into(),
+            idempotency_key: "abc123".into(),
+            attempts: 0,
+            locale: None,
+        };
+        let rendered = render(&email, "toko@contoh.co.id").unwrap();
+        assert_eq!(
+            rendered.subject,
+            "Pembayaran diterima untuk pesanan ORDER-2001"
+        );
+        assert!(
+            rendered
+                .text
+                .contains("sebesar Rp1.500.000 telah kami terima"),
+            "{}",
+            rendered.text
+        );
+        assert!(
+            rendered.html.contains("<strong>Rp1.500.000</strong>"),
+            "{}",
+            rendered.html
+        );
+        assert_eq!(rendered.message_id, "<abc123@contoh.co.id>");
+
+        let english = ClaimedEmail {
+            locale: Some("en".into()),
+            ..email
+        };
+        assert!(render(&english, "toko@contoh.co.id")
+            .unwrap()
+            .text
+            .contains("payment of Rp1.500.000"));
     }
 
     #[test]
