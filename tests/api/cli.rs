@@ -1,5 +1,4 @@
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use crate::helpers::*;
 
@@ -140,52 +139,15 @@ fn serve_refuses_to_start_without_any_provider_secret() {
 
 #[test]
 fn serve_stops_gracefully_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(sekali_bin())
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--relay-poll-interval",
-            "50ms",
-            "--mail-dir",
-        ])
-        .arg(dir.path().join("mail"))
-        .arg("--db")
-        .arg(dir.path().join("s.db"))
-        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
-        .env_remove("MIDTRANS_SERVER_KEY")
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut up = false;
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            up = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(up, "the server listens");
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let output = child.wait_with_output().unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("sekali stopped"), "{stderr}");
+    let server = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
+    let (status, logs) = server.stop();
+    assert!(status.success(), "{status:?}");
     assert!(
-        !stderr.contains(STRIPE_SECRET),
-        "the secret is never logged"
+        logs.contains("outbox relay stopped"),
+        "the relay stops with the server: {logs}"
     );
+    assert!(logs.contains("sekali stopped"), "{logs}");
+    assert!(!logs.contains(STRIPE_SECRET), "the secret is never logged");
 }
 
 #[actix_web::test]

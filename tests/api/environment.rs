@@ -228,47 +228,15 @@ async fn a_backup_taken_while_deliveries_continue_is_whole_and_holds_the_dedup_r
 
 #[test]
 fn nothing_secret_reaches_the_logs_even_at_trace_level() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut server = Command::new(sekali_bin())
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--relay-poll-interval",
-            "50ms",
-            "--mail-dir",
-        ])
-        .arg(dir.path().join("mail"))
-        .arg("--db")
-        .arg(dir.path().join("s.db"))
-        .env(
-            "STRIPE_WEBHOOK_SECRET",
-            format!("{STRIPE_SECRET},{STRIPE_SECRET_NEXT}"),
-        )
-        .env("MIDTRANS_SERVER_KEY", MIDTRANS_KEY)
-        .env("RUST_LOG", "trace")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Drain the logs while the server runs: a full pipe would stall it.
-    let mut stderr = server.stderr.take().unwrap();
-    let log_reader = std::thread::spawn(move || {
-        let mut logs = String::new();
-        std::io::Read::read_to_string(&mut stderr, &mut logs).unwrap();
-        logs
-    });
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let both_secrets = format!("{STRIPE_SECRET},{STRIPE_SECRET_NEXT}");
+    let server = ServeProcess::start(
+        &[
+            ("STRIPE_WEBHOOK_SECRET", &both_secrets),
+            ("MIDTRANS_SERVER_KEY", MIDTRANS_KEY),
+        ],
+        "trace",
+    );
+    let base = server.base_url();
     let mut forbidden: Vec<String> = vec![
         STRIPE_SECRET.into(),
         STRIPE_SECRET_NEXT.into(),
@@ -338,12 +306,8 @@ fn nothing_secret_reaches_the_logs_even_at_trace_level() {
         .map(String::from),
     );
 
-    Command::new("kill")
-        .args(["-TERM", &server.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(server.wait().unwrap().success());
-    let logs = log_reader.join().unwrap();
+    let (status, logs) = server.stop();
+    assert!(status.success());
     assert!(logs.contains("delivery recorded"), "trace logging was on");
     for needle in &forbidden {
         assert!(!logs.contains(needle.as_str()), "the logs contain {needle}");

@@ -224,3 +224,79 @@ pub const MIDTRANS_IN_ORDER: [&str; 11] = [
 pub fn sekali_bin() -> &'static str {
     env!("CARGO_BIN_EXE_sekali")
 }
+
+/// `sekali serve` as a child process on a free port, with its own temporary database and mail
+/// directory, its logs collected while it runs (a full pipe would stall it).
+pub struct ServeProcess {
+    child: std::process::Child,
+    pub port: u16,
+    logs: Option<std::thread::JoinHandle<String>>,
+    _dir: TempDir,
+}
+
+impl ServeProcess {
+    /// Starts the binary with `env` and `RUST_LOG=rust_log`, and waits until it listens.
+    pub fn start(env: &[(&str, &str)], rust_log: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut command = std::process::Command::new(sekali_bin());
+        command
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--relay-poll-interval",
+                "50ms",
+            ])
+            .arg("--mail-dir")
+            .arg(dir.path().join("mail"))
+            .arg("--db")
+            .arg(dir.path().join("s.db"))
+            .env_remove("STRIPE_WEBHOOK_SECRET")
+            .env_remove("MIDTRANS_SERVER_KEY")
+            .env("RUST_LOG", rust_log)
+            .stderr(std::process::Stdio::piped());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let logs = std::thread::spawn(move || {
+            let mut logs = String::new();
+            std::io::Read::read_to_string(&mut stderr, &mut logs).unwrap();
+            logs
+        });
+        let listening = (0..200).any(|_| {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(listening, "the server listens");
+        ServeProcess {
+            child,
+            port,
+            logs: Some(logs),
+            _dir: dir,
+        }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends SIGTERM and waits; the exit status and everything the server logged.
+    pub fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let kill = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let status = self.child.wait().unwrap();
+        (status, self.logs.take().unwrap().join().unwrap())
+    }
+}
