@@ -252,33 +252,7 @@ fn apply_change(
                 customer_email: change.customer_email.clone(),
                 payment_intent_id: event.payment_intent_id.clone(),
             };
-            conn.prepare_cached(
-                "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
-                                     customer_email, payment_intent_id, created_at, updated_at,
-                                     last_event_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)",
-            )?
-            .execute(params![
-                order_id,
-                event.provider.as_str(),
-                state.status.as_str(),
-                state.amount,
-                state.refunded_amount,
-                state.currency,
-                state.customer_email,
-                state.payment_intent_id,
-                now,
-                event.event_id,
-            ])?;
-            record_change(
-                conn,
-                event.provider.as_str(),
-                &event.event_id,
-                order_id,
-                None,
-                &state,
-                now,
-            )?;
+            save_change(conn, event, order_id, None, &state, now)?;
             Outcome::Processed
         }
         Some(current) => move_existing_order(conn, event, change, order_id, &current, now)?,
@@ -351,32 +325,7 @@ fn move_existing_order(
         if change.customer_email.is_some() {
             next.customer_email = change.customer_email.clone();
         }
-        conn.prepare_cached(
-            "UPDATE orders SET status = ?2, amount = ?3, refunded_amount = ?4, currency = ?5,
-                               customer_email = ?6, payment_intent_id = ?7, updated_at = ?8,
-                               last_event_id = ?9
-             WHERE order_id = ?1",
-        )?
-        .execute(params![
-            order_id,
-            next.status.as_str(),
-            next.amount,
-            next.refunded_amount,
-            next.currency,
-            next.customer_email,
-            next.payment_intent_id,
-            now,
-            event.event_id,
-        ])?;
-        record_change(
-            conn,
-            event.provider.as_str(),
-            &event.event_id,
-            order_id,
-            Some(current.status),
-            &next,
-            now,
-        )?;
+        save_change(conn, event, order_id, Some(current.status), &next, now)?;
         return Ok(if mismatch {
             Outcome::AmountMismatch
         } else {
@@ -404,6 +353,49 @@ fn move_existing_order(
         // Backwards, or a refund event that reports no more refunded money than recorded.
         Outcome::Stale
     })
+}
+
+/// Writes an order's new state (creating the order if `from` is `None`) and records the change
+/// with its notice: the one place a status change is stored.
+fn save_change(
+    conn: &Connection,
+    event: &NormalizedEvent,
+    order_id: &str,
+    from: Option<OrderStatus>,
+    state: &OrderState,
+    now: &str,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
+                             customer_email, payment_intent_id, created_at, updated_at, last_event_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
+         ON CONFLICT (order_id) DO UPDATE SET
+             status = excluded.status, amount = excluded.amount,
+             refunded_amount = excluded.refunded_amount, currency = excluded.currency,
+             customer_email = excluded.customer_email, payment_intent_id = excluded.payment_intent_id,
+             updated_at = excluded.updated_at, last_event_id = excluded.last_event_id",
+    )?
+    .execute(params![
+        order_id,
+        event.provider.as_str(),
+        state.status.as_str(),
+        state.amount,
+        state.refunded_amount,
+        state.currency,
+        state.customer_email,
+        state.payment_intent_id,
+        now,
+        event.event_id,
+    ])?;
+    record_change(
+        conn,
+        event.provider.as_str(),
+        &event.event_id,
+        order_id,
+        from,
+        state,
+        now,
+    )
 }
 
 /// True when a payment's amount or currency differs from what the order asked for (currencies
