@@ -150,32 +150,47 @@ fn serve_stops_gracefully_on_sigterm() {
     assert!(!logs.contains(STRIPE_SECRET), "the secret is never logged");
 }
 
-#[actix_web::test]
-async fn bench_sends_signed_deliveries_with_racing_redeliveries_and_checks_the_database() {
-    let app = spawn_app().await;
-    let url = format!("{}/webhooks/stripe", app.address);
+/// Runs `sekali bench` against `app`'s `provider` route with `--check-db`, signing with `env`.
+async fn bench_binary(
+    app: &TestApp,
+    provider: &str,
+    env: (&'static str, &'static str),
+    args: &[&str],
+) -> std::process::Output {
+    let url = format!("{}/webhooks/{provider}", app.address);
     let db = app.db_path.clone();
-    let output = actix_web::rt::task::spawn_blocking(move || {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    actix_web::rt::task::spawn_blocking(move || {
         Command::new(sekali_bin())
-            .args([
-                "bench",
-                "--url",
-                &url,
-                "--events",
-                "300",
-                "--dup-ratio",
-                "0.5",
-                "--concurrency",
-                "8",
-                "--check-db",
-            ])
+            .args(["bench", "--url", &url])
+            .args(&args)
+            .arg("--check-db")
             .arg(&db)
-            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+            .env(env.0, env.1)
             .output()
             .unwrap()
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[actix_web::test]
+async fn bench_sends_signed_deliveries_with_racing_redeliveries_and_checks_the_database() {
+    let app = spawn_app().await;
+    let output = bench_binary(
+        &app,
+        "stripe",
+        ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+        &[
+            "--events",
+            "300",
+            "--dup-ratio",
+            "0.5",
+            "--concurrency",
+            "8",
+        ],
+    )
+    .await;
     assert!(output.status.success(), "{output:?}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
@@ -198,29 +213,20 @@ async fn bench_sends_signed_deliveries_with_racing_redeliveries_and_checks_the_d
 #[actix_web::test]
 async fn bench_against_midtrans_signs_each_notification() {
     let app = spawn_app().await;
-    let url = format!("{}/webhooks/midtrans", app.address);
-    let db = app.db_path.clone();
-    let output = actix_web::rt::task::spawn_blocking(move || {
-        Command::new(sekali_bin())
-            .args([
-                "bench",
-                "--url",
-                &url,
-                "--events",
-                "100",
-                "--dup-ratio",
-                "0.2",
-                "--concurrency",
-                "4",
-                "--check-db",
-            ])
-            .arg(&db)
-            .env("MIDTRANS_SERVER_KEY", MIDTRANS_KEY)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let output = bench_binary(
+        &app,
+        "midtrans",
+        ("MIDTRANS_SERVER_KEY", MIDTRANS_KEY),
+        &[
+            "--events",
+            "100",
+            "--dup-ratio",
+            "0.2",
+            "--concurrency",
+            "4",
+        ],
+    )
+    .await;
     assert!(output.status.success(), "{output:?}");
     assert_eq!(
         app.count("SELECT count(*) FROM processed_events WHERE provider = 'midtrans'"),

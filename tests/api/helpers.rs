@@ -238,11 +238,7 @@ impl ServeProcess {
     /// Starts the binary with `env` and `RUST_LOG=rust_log`, and waits until it listens.
     pub fn start(env: &[(&str, &str)], rust_log: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let mut command = std::process::Command::new(sekali_bin());
         command
             .args([
@@ -299,4 +295,13 @@ impl ServeProcess {
         let status = self.child.wait().unwrap();
         (status, self.logs.take().unwrap().join().unwrap())
     }
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }

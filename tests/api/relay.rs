@@ -417,11 +417,7 @@ impl Drop for SmtpSink {
 fn start_smtp_sink() -> SmtpSink {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut child = Command::new("python3")
         .arg(format!("{}/tests/smtp_sink.py", env!("CARGO_MANIFEST_DIR")))
         .arg(port.to_string())
@@ -501,11 +497,7 @@ async fn smtp_delivery_to_a_real_server_with_a_deterministic_message_id() {
 #[actix_web::test]
 async fn an_smtp_server_that_cannot_be_reached_never_kills_a_row() {
     let app = spawn_app().await;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let closed = free_port();
     app.deliver_stripe("payment_intent.succeeded").await;
     let _relay = start_relay(&app, relay_config(&app.db_path), smtp_mail(closed));
     wait_for("a failed try", || row(&app, 1).attempts == 1).await;
