@@ -116,8 +116,8 @@ const SIG: &str = "@@SIG@@";
 
 /// The events of one run, rendered once as a template (about 1.5 KB, like a real event) and
 /// completed per request by splicing in the event number: the load generator shares the cores
-/// with the server, so it should spend as little as it can.
-struct EventTemplate {
+/// with the server, so it should spend as little as it can. `benches/writer.rs` uses it too.
+pub struct EventTemplate {
     provider: Provider,
     run_id: String,
     /// The body split at each `@@N@@` (and, for Midtrans, `@@SIG@@` ends the second-to-last).
@@ -126,7 +126,7 @@ struct EventTemplate {
 }
 
 impl EventTemplate {
-    fn new(provider: Provider, run_id: &str, midtrans_key: Option<String>) -> Self {
+    pub fn new(provider: Provider, run_id: &str, midtrans_key: Option<String>) -> Self {
         let body = match provider {
             Provider::Stripe => serde_json::to_string_pretty(&serde_json::json!({
                 "id": format!("evt_bench_{run_id}_{N}"),
@@ -181,7 +181,7 @@ impl EventTemplate {
     }
 
     /// The body of the `i`th unique event of this run.
-    fn render(&self, i: usize) -> Vec<u8> {
+    pub fn render(&self, i: usize) -> Vec<u8> {
         let n = i.to_string();
         let mut body = self.pieces.join(&n);
         if self.provider == Provider::Midtrans {
