@@ -14,4 +14,5 @@ mod ordering;
 mod orders;
 mod purge;
 mod relay;
+mod schema;
 mod stripe;

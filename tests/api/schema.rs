@@ -1,0 +1,182 @@
+//! The schema's version: a database written by an older sekali is brought up to date in place,
+//! and one written by a newer sekali is refused rather than misread.
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+use crate::helpers::*;
+
+fn user_version(db: &Path) -> i64 {
+    Connection::open(db)
+        .unwrap()
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap()
+}
+
+/// A database exactly as sekali's schema version 1 created it, with an order and its event.
+fn version_1_database(db: &Path) {
+    let conn = Connection::open(db).unwrap();
+    conn.execute_batch(include_str!("../../fixtures/schema-v1.sql"))
+        .unwrap();
+    conn.execute_batch(
+        "PRAGMA user_version = 1;
+         INSERT INTO orders (order_id, provider, status, amount, currency, customer_email,
+                             created_at, updated_at, last_event_id)
+         VALUES ('ord_1001', 'stripe', 'pending', 2500, 'usd', 'budi@example.com',
+                 '2026-11-01T10:00:00Z', '2026-11-01T10:00:00Z', 'evt_v1_pending');
+         INSERT INTO processed_events (provider, event_id, event_type, order_id, outcome,
+                                       received_at, expires_at, payload)
+         VALUES ('stripe', 'evt_v1_pending', 'payment_intent.processing', 'ord_1001',
+                 'processed', '2026-11-01T10:00:00Z', '2099-01-01T00:00:00Z', '{}');
+         INSERT INTO email_outbox (id, order_id, recipient, template, params, idempotency_key,
+                                   status, attempts, created_at, event_id, sent_at)
+         VALUES (41, 'ord_1001', 'budi@example.com', 'payment_failed', '{}', 'v1-key', 'sent',
+                 1, '2026-11-01T09:00:00Z', 'evt_v1_failed', '2026-11-01T09:00:01.000Z');",
+    )
+    .unwrap();
+}
+
+#[actix_web::test]
+async fn a_version_1_database_is_rewritten_in_place_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v1.db");
+    version_1_database(&db);
+
+    let v1_db = db.clone();
+    let app = spawn_app_with(move |settings| settings.db_path = v1_db).await;
+    assert_eq!(user_version(&db), 2);
+
+    // The stored definitions no longer hold IN lists over three or more values.
+    let conn = Connection::open(&db).unwrap();
+    let definitions: Vec<String> = conn
+        .prepare("SELECT sql FROM sqlite_schema WHERE type = 'table'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for sql in &definitions {
+        assert!(!sql.contains("IN ('pending'"), "{sql}");
+        assert!(!sql.contains("IN ('processed'"), "{sql}");
+        assert!(!sql.contains("IN ('receipt'"), "{sql}");
+    }
+    // email_outbox was rebuilt: its key is unique through the order-first index, and its rows
+    // (ids included) came across.
+    let outbox_indexes: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_index_list('email_outbox') ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        outbox_indexes,
+        ["email_outbox_due", "email_outbox_order_key"]
+    );
+    let old_email: (String, String, i64) = conn
+        .query_row(
+            "SELECT status, sent_at, attempts FROM email_outbox WHERE id = 41",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        old_email,
+        ("sent".into(), "2026-11-01T09:00:01.000Z".into(), 1)
+    );
+    let integrity: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(integrity, "ok");
+
+    // The rows version 1 wrote are still there and still deduplicate.
+    let answer = app
+        .post_stripe(
+            &fixture("stripe/payment_intent.succeeded.json"),
+            Some(&stripe_header(
+                &fixture("stripe/payment_intent.succeeded.json"),
+                app.clock.now_unix(),
+            )),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let (status, receipts): (String, i64) = conn
+        .query_row(
+            "SELECT status, (SELECT count(*) FROM email_outbox WHERE order_id = 'ord_1001')
+             FROM orders WHERE order_id = 'ord_1001'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (status.as_str(), receipts),
+        ("paid", 2),
+        "the old email and a new receipt"
+    );
+    let old_event: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM processed_events WHERE event_id = 'evt_v1_pending'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(old_event, 1);
+
+    // The rewritten constraints still refuse what version 1 refused.
+    let bad_status = conn.execute(
+        "UPDATE orders SET status = 'shipped' WHERE order_id = 'ord_1001'",
+        [],
+    );
+    assert!(
+        matches!(&bad_status, Err(e) if e.to_string().contains("CHECK constraint failed")),
+        "{bad_status:?}"
+    );
+    let same_key = conn.execute(
+        "INSERT INTO email_outbox (order_id, template, params, idempotency_key, created_at,
+                                   event_id)
+         VALUES ('ord_1001', 'receipt', '{}', 'v1-key', '2026-11-02T00:00:00Z', 'evt_again')",
+        [],
+    );
+    assert!(
+        matches!(&same_key, Err(e) if e.to_string().contains("UNIQUE constraint failed")),
+        "{same_key:?}"
+    );
+    let bad_template = conn.execute(
+        "UPDATE email_outbox SET template = 'newsletter' WHERE order_id = 'ord_1001'",
+        [],
+    );
+    assert!(bad_template.is_err(), "{bad_template:?}");
+    app.stop().await;
+}
+
+#[actix_web::test]
+async fn a_new_database_starts_at_the_current_version() {
+    let app = spawn_app().await;
+    assert_eq!(user_version(&app.db_path), 2);
+    app.stop().await;
+}
+
+#[test]
+fn a_database_from_a_newer_sekali_is_refused_with_its_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("newer.db");
+    version_1_database(&db);
+    Connection::open(&db)
+        .unwrap()
+        .execute_batch("PRAGMA user_version = 7")
+        .unwrap();
+    let out = std::process::Command::new(sekali_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(&db)
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("schema version 7") && stderr.contains("knows up to 2"),
+        "{stderr}"
+    );
+    assert_eq!(user_version(&db), 7, "nothing was rewritten");
+}
