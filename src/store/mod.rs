@@ -133,3 +133,24 @@ pub fn read_pool(path: &Path, size: u32, busy_timeout: Duration) -> Result<ReadP
         .connection_timeout(Duration::from_secs(5))
         .build(manager)?)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The bundled SQLite was built with the options in `.cargo/config.toml` (a build that
+    /// missed them would still be correct, only slower: see the writer's connection).
+    #[test]
+    fn bundled_sqlite_has_the_configured_journal_spill() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let options: Vec<String> = conn
+            .prepare("PRAGMA compile_options")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            options.iter().any(|o| o == "STMTJRNL_SPILL=262144"),
+            "{options:?}"
+        );
+    }
+}
