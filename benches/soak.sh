@@ -3,7 +3,7 @@
 # expire, sampling the server's memory, the WAL and the database file every 10 seconds.
 # Memory and the WAL must stay flat; the database must plateau once the purge keeps pace.
 #
-#   benches/soak.sh [SECONDS (600)] [RATE per second (2000)]
+#   benches/soak.sh [SECONDS (600)] [RATE per second (2000)] [CONNECTIONS (16)]
 #
 # Uses the release binary and `sekali bench --rate` as the load; retention is shortened to 60 s
 # and the purge runs every 15 s so that it deletes throughout the run.
@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-600}
 rate=${2:-2000}
+connections=${3:-16}
 
 cargo build --release --quiet
 bin=target/release/sekali
@@ -29,7 +30,7 @@ for _ in $(seq 100); do
 done
 
 "$bin" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events $((rate * duration)) \
-    --dup-ratio 0.2 --rate "$rate" --concurrency 16 --max-seconds "$duration" > "$dir/bench.out" &
+    --dup-ratio 0.2 --rate "$rate" --concurrency "$connections" --max-seconds "$duration" > "$dir/bench.out" &
 load=$!
 
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
