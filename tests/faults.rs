@@ -75,6 +75,54 @@ async fn a_fault_after_commit_loses_only_the_answer_and_the_redelivery_is_a_dupl
     scenario.teardown();
 }
 
+/// `/healthz`'s count of the writer's connection replacements.
+async fn writer_reopens(app: &TestApp) -> u64 {
+    let body: serde_json::Value = app
+        .client
+        .get(format!("{}/healthz", app.address))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["writer_reopens"].as_u64().unwrap()
+}
+
+#[actix_web::test]
+async fn an_io_error_at_commit_answers_503_and_the_writer_reopens_its_connection() {
+    let scenario = FailScenario::setup();
+    let app = spawn_app().await;
+    assert_eq!(writer_reopens(&app).await, 0);
+    fail::cfg("writer::commit_io_error", "1*return->off").unwrap();
+    let (stripe, midtrans) = futures_util::future::join(
+        app.deliver_stripe("payment_intent.succeeded"),
+        app.deliver_midtrans("settlement"),
+    )
+    .await;
+    let lost = [stripe, midtrans];
+    // Both may have been in the failed batch, or the second in the next one.
+    assert!(lost.iter().any(|a| a.status == 503), "{lost:?}");
+    assert!(lost.iter().all(|a| a.status == 503 || a.status == 200));
+    let committed = lost.iter().filter(|a| a.status == 200).count() as i64;
+    assert_eq!(
+        all_rows(&app),
+        (committed, committed, committed, committed),
+        "only what was answered 2xx is stored"
+    );
+    assert_eq!(writer_reopens(&app).await, 1, "the connection was replaced");
+
+    // The providers retry; the new connection records them once.
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded").await.status,
+        200
+    );
+    assert_eq!(app.deliver_midtrans("settlement").await.status, 200);
+    assert_eq!(all_rows(&app), (2, 2, 2, 2));
+    assert_eq!(writer_reopens(&app).await, 1);
+    scenario.teardown();
+}
+
 #[actix_web::test]
 async fn a_panic_inside_a_delivery_answers_503_and_the_writer_carries_on() {
     let scenario = FailScenario::setup();
@@ -96,6 +144,11 @@ async fn a_panic_inside_a_delivery_answers_503_and_the_writer_carries_on() {
         "processed"
     );
     assert_eq!(all_rows(&app), (2, 2, 2, 2));
+    assert_eq!(
+        writer_reopens(&app).await,
+        1,
+        "the panic replaced the connection"
+    );
     scenario.teardown();
 }
 

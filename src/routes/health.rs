@@ -3,7 +3,9 @@ use actix_web::{web, HttpResponse};
 use super::AppState;
 use crate::store::reads::check_health;
 
-/// 200 when the database answers a read, 503 otherwise.
+/// 200 when the database answers a read, 503 otherwise. The body also says how many times the
+/// writer has replaced its connection since start (a panic or an I/O fault each count one):
+/// a number that keeps climbing means the disk or the database file needs a look.
 pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     let pool = state.reads.clone();
     let result = web::block(move || -> Result<(), crate::store::StoreError> {
@@ -13,7 +15,10 @@ pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     })
     .await;
     match result {
-        Ok(Ok(())) => HttpResponse::Ok().json(serde_json::json!({ "status": "ok" })),
+        Ok(Ok(())) => HttpResponse::Ok().json(serde_json::json!({
+            "status": "ok",
+            "writer_reopens": state.writer.reopens(),
+        })),
         Ok(Err(e)) => {
             tracing::error!(error = ?e, "health check failed");
             HttpResponse::ServiceUnavailable().json(serde_json::json!({ "status": "unavailable" }))

@@ -12,6 +12,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -128,6 +129,7 @@ enum Job {
 pub struct Writer {
     queue: SyncSender<Job>,
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+    reopens: Arc<AtomicU64>,
 }
 
 impl Writer {
@@ -136,14 +138,23 @@ impl Writer {
         // Open once here so a bad path or a too-new schema fails startup, not the first delivery.
         let conn = open_writer_connection(&config)?;
         let (queue, jobs) = mpsc::sync_channel(config.queue_capacity.max(1));
+        let reopens = Arc::new(AtomicU64::new(0));
+        let counter = reopens.clone();
         let thread = std::thread::Builder::new()
             .name("sekali-writer".into())
-            .spawn(move || run(conn, jobs, config, clock))
+            .spawn(move || run(conn, jobs, config, clock, &counter))
             .expect("spawning the writer thread");
         Ok(Writer {
             queue,
             thread: Arc::new(Mutex::new(Some(thread))),
+            reopens,
         })
+    }
+
+    /// How many times the writer has replaced its connection since it started (after a panic
+    /// or a connection fault such as an I/O error). Reported by `/healthz`.
+    pub fn reopens(&self) -> u64 {
+        self.reopens.load(Ordering::Relaxed)
     }
 
     /// Claims `event` and applies its effects; resolves after the COMMIT that contains it.
@@ -204,7 +215,13 @@ impl Writer {
     }
 }
 
-fn run(mut conn: Connection, jobs: Receiver<Job>, config: WriterConfig, clock: SharedClock) {
+fn run(
+    mut conn: Connection,
+    jobs: Receiver<Job>,
+    config: WriterConfig,
+    clock: SharedClock,
+    reopens: &AtomicU64,
+) {
     let batch_max = config.batch_max.max(1);
     let mut batch = Vec::with_capacity(batch_max);
     let mut shutting_down = false;
@@ -235,6 +252,7 @@ fn run(mut conn: Connection, jobs: Receiver<Job>, config: WriterConfig, clock: S
             {
                 tracing::error!("the write connection failed; reopening it");
                 conn = reopen(&config);
+                reopens.fetch_add(1, Ordering::Relaxed);
             }
             for job in others {
                 if let Job::PurgeBatch { limit, reply } = job {
@@ -250,6 +268,7 @@ fn run(mut conn: Connection, jobs: Receiver<Job>, config: WriterConfig, clock: S
             tracing::error!("the writer panicked; reopening its connection");
             let _ = conn.execute_batch("ROLLBACK");
             conn = reopen(&config);
+            reopens.fetch_add(1, Ordering::Relaxed);
         }
     }
     // Commit what was queued behind the shutdown request. Anything sent after this loop is
@@ -328,7 +347,12 @@ fn commit_batch(
         done.into_iter().for_each(Done::fail);
         return false;
     }
-    if let Err(e) = conn.execute_batch("COMMIT") {
+    let committed = if fault_injected("writer::commit_io_error") {
+        Err(injected_io_error())
+    } else {
+        conn.execute_batch("COMMIT")
+    };
+    if let Err(e) = committed {
         let broken = is_connection_fault(&e);
         tracing::error!(error = ?StoreError::from(e), "COMMIT failed; everything in the batch gets 503");
         if !conn.is_autocommit() {
@@ -424,6 +448,15 @@ fn transaction_lost() -> StoreError {
         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
         Some("the batch transaction did not commit".into()),
     ))
+}
+
+/// The error SQLite reports when the disk or the file fails under it (tests only: the
+/// `writer::commit_io_error` fault point stands for a COMMIT that fails this way).
+fn injected_io_error() -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+        Some("fault injected at writer::commit_io_error".into()),
+    )
 }
 
 /// True when the named fault point is configured to fire (tests with `failpoints` only;

@@ -307,7 +307,10 @@ async fn healthz_reports_a_working_database() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 200);
-    assert_eq!(response.body().await.unwrap(), r#"{"status":"ok"}"#);
+    assert_eq!(
+        response.body().await.unwrap(),
+        r#"{"status":"ok","writer_reopens":0}"#
+    );
 }
 
 #[actix_web::test]
