@@ -4,9 +4,17 @@
 //! as 64 waiting connections would, and reports deliveries per second and the process's CPU
 //! time per delivery, for the default batch size and for `--batch-max 1`. Every delivery is a
 //! new Stripe `payment_intent.succeeded`: a new order, its transition, its PaymentIntent link
-//! and its receipt in the outbox. This isolates the cost the writer thread pays per delivery,
-//! which bounds the whole server's throughput. Sizes: SEKALI_BENCH_EVENTS (default 20000); SEKALI_BENCH_BATCH_MAX
-//! (default `256,1`) picks the configurations.
+//! and its receipt in the outbox. This isolates what the writer thread, the one serial part of
+//! the server, pays per delivery.
+//!
+//! Settings: SEKALI_BENCH_EVENTS (default 20000), SEKALI_BENCH_ROUND, and SEKALI_BENCH_BATCH_MAX
+//! (default `256,1`), which picks the configurations. Instruction counts that repeat exactly
+//! from run to run, for comparing two builds on a noisy machine:
+//!
+//! ```sh
+//! SEKALI_BENCH_BATCH_MAX=256 SEKALI_BENCH_EVENTS=3000 \
+//!     valgrind --tool=callgrind target/release/deps/writer-<hash> --bench
+//! ```
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
