@@ -288,11 +288,19 @@ fn open_writer_connection(config: &WriterConfig) -> Result<Connection, StoreErro
     // that. `temp_store=MEMORY` never spills but grows in 1 KiB chunks: five allocations per
     // journaled page, a fifth of the writer's time.
     let conn = open_for_writing(&config.db_path, config.busy_timeout)?;
+    // The writer checkpoints the WAL itself, after the commit that crosses this many pages, and
+    // the deliveries queued meanwhile wait for it. Small checkpoints often rather than SQLite's
+    // default of 1000 pages: in six paired runs at 64 connections the p99 fell from 8.7-9.8 ms
+    // to 6.4-6.7 ms, with no loss of throughput.
+    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
     if let Some(pages) = config.max_page_count {
         conn.pragma_update(None, "max_page_count", pages as i64)?;
     }
     Ok(conn)
 }
+
+/// See `wal_autocheckpoint` in [`open_writer_connection`].
+const WAL_AUTOCHECKPOINT_PAGES: i64 = 250;
 
 fn reopen(config: &WriterConfig) -> Connection {
     loop {
