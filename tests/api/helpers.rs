@@ -151,6 +151,11 @@ impl TestApp {
         self.db().query_row(sql, [], |row| row.get(0)).expect(sql)
     }
 
+    /// The first column of every row `sql` returns, as text.
+    pub fn texts(&self, sql: &str) -> Vec<String> {
+        texts(&self.db(), sql)
+    }
+
     /// (processed_events, orders, email_outbox) row counts.
     pub fn row_counts(&self) -> (i64, i64, i64) {
         (
@@ -219,6 +224,16 @@ pub const MIDTRANS_IN_ORDER: [&str; 11] = [
     "expire",
     "failure",
 ];
+
+/// The first column of every row `sql` returns on `conn`, as text.
+pub fn texts(conn: &Connection, sql: &str) -> Vec<String> {
+    conn.prepare(sql)
+        .expect(sql)
+        .query_map([], |row| row.get(0))
+        .expect(sql)
+        .map(Result::unwrap)
+        .collect()
+}
 
 /// Path of the built `sekali` binary.
 pub fn sekali_bin() -> &'static str {

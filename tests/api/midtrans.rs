@@ -23,16 +23,7 @@ async fn midtrans_lifecycle_with_two_partial_refunds() {
         app.outbox_templates("ORDER-2001"),
         ["receipt", "refund_notice", "refund_notice"]
     );
-    let ids: Vec<String> = {
-        let conn = app.db();
-        let mut stmt = conn
-            .prepare("SELECT event_id FROM processed_events ORDER BY rowid")
-            .unwrap();
-        stmt.query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect()
-    };
+    let ids = app.texts("SELECT event_id FROM processed_events ORDER BY rowid");
     assert_eq!(
         ids,
         [

@@ -69,16 +69,7 @@ async fn the_purge_command_removes_only_expired_ids_and_keeps_orders() {
         (2, before.1, before.2),
         "orders and outbox rows are never purged"
     );
-    let ids: Vec<String> = {
-        let conn = app.db();
-        let mut stmt = conn
-            .prepare("SELECT event_id FROM processed_events ORDER BY event_id")
-            .unwrap();
-        stmt.query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect()
-    };
+    let ids = app.texts("SELECT event_id FROM processed_events ORDER BY event_id");
     assert_eq!(
         ids,
         [

@@ -625,14 +625,7 @@ fn counts_by_status(app: &TestApp) -> HashMap<String, i64> {
 }
 
 fn all_keys(app: &TestApp) -> Vec<String> {
-    let conn = app.db();
-    let mut stmt = conn
-        .prepare("SELECT idempotency_key FROM email_outbox")
-        .unwrap();
-    stmt.query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
+    app.texts("SELECT idempotency_key FROM email_outbox")
 }
 
 #[actix_web::test]

@@ -49,13 +49,7 @@ async fn a_version_1_database_is_rewritten_in_place_and_keeps_its_rows() {
 
     // The stored definitions no longer hold IN lists over three or more values.
     let conn = Connection::open(&db).unwrap();
-    let definitions: Vec<String> = conn
-        .prepare("SELECT sql FROM sqlite_schema WHERE type = 'table'")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let definitions = texts(&conn, "SELECT sql FROM sqlite_schema WHERE type = 'table'");
     for sql in &definitions {
         assert!(!sql.contains("IN ('pending'"), "{sql}");
         assert!(!sql.contains("IN ('processed'"), "{sql}");
@@ -63,13 +57,10 @@ async fn a_version_1_database_is_rewritten_in_place_and_keeps_its_rows() {
     }
     // email_outbox was rebuilt: its key is unique through the order-first index, and its rows
     // (ids included) came across.
-    let outbox_indexes: Vec<String> = conn
-        .prepare("SELECT name FROM pragma_index_list('email_outbox') ORDER BY name")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let outbox_indexes = texts(
+        &conn,
+        "SELECT name FROM pragma_index_list('email_outbox') ORDER BY name",
+    );
     assert_eq!(
         outbox_indexes,
         ["email_outbox_due", "email_outbox_order_key"]
