@@ -22,7 +22,7 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// text). Each pair accepts exactly the same values, so no stored row can violate the new text,
 /// and the rewrite changes nothing on disk but the table's definition in `sqlite_schema`.
 /// (`email_outbox` is rebuilt instead: see [`rebuild_email_outbox`].)
-pub const V1_CHECKS: [(&str, &str, &str); 2] = [
+const V1_CHECKS: [(&str, &str, &str); 2] = [
     (
         "processed_events",
         "CHECK (outcome IN ('processed', 'stale', 'ignored', 'parked',
