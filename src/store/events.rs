@@ -5,9 +5,10 @@
 //! So the claim in `processed_events`, the order change and the outbox row commit together or not
 //! at all.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, OptionalExtension};
 use sha2::{Digest, Sha256};
 
+use super::statements::Statements;
 use super::StoreError;
 use crate::clock::iso_seconds;
 use crate::domain::{NormalizedEvent, OrderRef, OrderStatus, Provider, StatusChange};
@@ -61,7 +62,7 @@ impl Retention {
 /// Returns [`Outcome::Duplicate`] when a live claim already exists; the caller must then roll
 /// back its savepoint (nothing was written, but rolling back keeps that a structural guarantee).
 pub fn record_event_and_apply(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     event: &NormalizedEvent,
     payload: &str,
     now_unix: i64,
@@ -76,8 +77,8 @@ pub fn record_event_and_apply(
 
     // The claim. A row whose retention has run out counts as absent even before the purge
     // removes it, so the contract "a delivery older than the retention is new" holds exactly.
-    let claimed = conn
-        .prepare_cached(
+    let claimed = db
+        .prepare(
             "INSERT INTO processed_events
                  (provider, event_id, event_type, order_id, outcome, received_at, expires_at,
                   payment_intent_id, payload)
@@ -106,10 +107,10 @@ pub fn record_event_and_apply(
         "store::after_claim"
     )));
 
-    let (outcome, order_id) = resolve_and_apply(conn, event, &now)?;
+    let (outcome, order_id) = resolve_and_apply(db, event, &now)?;
     if outcome != Outcome::Processed || order_id.as_deref() != known_order_id {
         set_event_outcome(
-            conn,
+            db,
             event.provider,
             &event.event_id,
             outcome,
@@ -124,7 +125,7 @@ pub fn record_event_and_apply(
 
 /// Finds the event's order and applies its change; returns the outcome and the order id.
 fn resolve_and_apply(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     event: &NormalizedEvent,
     now: &str,
 ) -> Result<(Outcome, Option<String>), StoreError> {
@@ -140,34 +141,34 @@ fn resolve_and_apply(
         OrderRef::PaymentIntent {
             payment_intent_id,
             park_if_unlinked,
-        } => match order_for_payment_intent(conn, payment_intent_id)? {
+        } => match order_for_payment_intent(db, payment_intent_id)? {
             Some(order_id) => order_id,
             None if *park_if_unlinked => return Ok((Outcome::Parked, None)),
             None => return Ok((Outcome::Ignored, None)),
         },
         OrderRef::None => return Ok((Outcome::Ignored, None)),
     };
-    let outcome = apply_change(conn, event, change, &order_id, now)?;
+    let outcome = apply_change(db, event, change, &order_id, now)?;
     Ok((outcome, Some(order_id)))
 }
 
 fn order_for_payment_intent(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     payment_intent_id: &str,
 ) -> rusqlite::Result<Option<String>> {
-    conn.prepare_cached("SELECT order_id FROM order_payment_intents WHERE payment_intent_id = ?1")?
+    db.prepare("SELECT order_id FROM order_payment_intents WHERE payment_intent_id = ?1")?
         .query_row([payment_intent_id], |row| row.get(0))
         .optional()
 }
 
 fn set_event_outcome(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     provider: Provider,
     event_id: &str,
     outcome: Outcome,
     order_id: Option<&str>,
 ) -> rusqlite::Result<()> {
-    conn.prepare_cached(
+    db.prepare(
         "UPDATE processed_events SET outcome = ?3, order_id = ?4 WHERE provider = ?1 AND event_id = ?2",
     )?
     .execute(params![provider.as_str(), event_id, outcome.as_str(), order_id])?;
@@ -188,11 +189,11 @@ pub(crate) struct OrderState {
 }
 
 pub(crate) fn load_order(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     order_id: &str,
 ) -> Result<Option<OrderState>, StoreError> {
-    let row = conn
-        .prepare_cached(
+    let row = db
+        .prepare(
             "SELECT status, amount, refunded_amount, currency, customer_email, payment_intent_id,
                     source = 'api'
              FROM orders WHERE order_id = ?1",
@@ -228,13 +229,13 @@ pub(crate) fn load_order(
 /// Moves `order_id` by the state machine and queues the customer notice for the status reached.
 /// The order is read once; its new state is computed here and written with one statement.
 fn apply_change(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     event: &NormalizedEvent,
     change: &StatusChange,
     order_id: &str,
     now: &str,
 ) -> Result<Outcome, StoreError> {
-    let current = load_order(conn, order_id)?;
+    let current = load_order(db, order_id)?;
     let linked_pi = current.as_ref().and_then(|c| c.payment_intent_id.clone());
     let outcome = match current {
         None => {
@@ -252,23 +253,23 @@ fn apply_change(
                 customer_email: change.customer_email.clone(),
                 payment_intent_id: event.payment_intent_id.clone(),
             };
-            save_change(conn, event, order_id, None, &state, now)?;
+            save_change(db, event, order_id, None, &state, now)?;
             Outcome::Processed
         }
-        Some(current) => move_existing_order(conn, event, change, order_id, &current, now)?,
+        Some(current) => move_existing_order(db, event, change, order_id, &current, now)?,
     };
 
     if let Some(pi) = &event.payment_intent_id {
         // An order's recorded PaymentIntent was linked when it was recorded.
         if linked_pi.as_deref() != Some(pi.as_str()) {
-            link_payment_intent(conn, pi, order_id, now)?;
+            link_payment_intent(db, pi, order_id, now)?;
         }
     }
     Ok(outcome)
 }
 
 fn move_existing_order(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     event: &NormalizedEvent,
     change: &StatusChange,
     order_id: &str,
@@ -325,7 +326,7 @@ fn move_existing_order(
         if change.customer_email.is_some() {
             next.customer_email = change.customer_email.clone();
         }
-        save_change(conn, event, order_id, Some(current.status), &next, now)?;
+        save_change(db, event, order_id, Some(current.status), &next, now)?;
         return Ok(if mismatch {
             Outcome::AmountMismatch
         } else {
@@ -334,7 +335,7 @@ fn move_existing_order(
     }
 
     if next != *current {
-        conn.prepare_cached(
+        db.prepare(
             "UPDATE orders SET amount = ?2, currency = ?3, customer_email = ?4, payment_intent_id = ?5
              WHERE order_id = ?1",
         )?
@@ -358,14 +359,14 @@ fn move_existing_order(
 /// Writes an order's new state (creating the order if `from` is `None`) and records the change
 /// with its notice: the one place a status change is stored.
 fn save_change(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     event: &NormalizedEvent,
     order_id: &str,
     from: Option<OrderStatus>,
     state: &OrderState,
     now: &str,
 ) -> rusqlite::Result<()> {
-    conn.prepare_cached(
+    db.prepare(
         "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
                              customer_email, payment_intent_id, created_at, updated_at, last_event_id)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
@@ -388,7 +389,7 @@ fn save_change(
         event.event_id,
     ])?;
     record_change(
-        conn,
+        db,
         event.provider.as_str(),
         &event.event_id,
         order_id,
@@ -413,7 +414,7 @@ fn payment_mismatch(order: &OrderState, change: &StatusChange) -> bool {
 /// The effects of a status change: its row in the audit trail and the customer notice the new
 /// status carries. Called exactly where an order's status or refund changes.
 pub(crate) fn record_change(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     provider: &str,
     event_id: &str,
     order_id: &str,
@@ -421,13 +422,13 @@ pub(crate) fn record_change(
     to: &OrderState,
     now: &str,
 ) -> rusqlite::Result<()> {
-    record_transition(conn, provider, event_id, order_id, from, to, now)?;
-    queue_notice(conn, provider, event_id, order_id, to, now)
+    record_transition(db, provider, event_id, order_id, from, to, now)?;
+    queue_notice(db, provider, event_id, order_id, to, now)
 }
 
 /// Appends to the audit trail.
 fn record_transition(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     provider: &str,
     event_id: &str,
     order_id: &str,
@@ -435,7 +436,7 @@ fn record_transition(
     to: &OrderState,
     now: &str,
 ) -> rusqlite::Result<()> {
-    conn.prepare_cached(
+    db.prepare(
         "INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount, provider,
                                         event_id, changed_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -470,7 +471,7 @@ struct NoticeParams<'a> {
 /// from the change itself, so two different events announcing the same change cannot queue two
 /// emails.
 fn queue_notice(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     provider: &str,
     event_id: &str,
     order_id: &str,
@@ -496,7 +497,7 @@ fn queue_notice(
         event_id,
     })
     .expect("serialising plain fields cannot fail");
-    conn.prepare_cached(
+    db.prepare(
         "INSERT INTO email_outbox (order_id, recipient, template, params, idempotency_key, status,
                                    attempts, created_at, event_id, next_attempt_at)
          VALUES (?1, ?2, ?3, ?4, ?5, 'pending', 0, ?6, ?7, replace(?6, 'Z', '.000Z'))
@@ -538,13 +539,13 @@ pub fn outbox_idempotency_key(
 /// Records that `payment_intent_id` belongs to `order_id` and, the first time, applies the
 /// events that were parked waiting for that link, oldest first, in this same transaction.
 fn link_payment_intent(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     payment_intent_id: &str,
     order_id: &str,
     now: &str,
 ) -> Result<(), StoreError> {
-    let inserted = conn
-        .prepare_cached(
+    let inserted = db
+        .prepare(
             "INSERT INTO order_payment_intents (payment_intent_id, order_id) VALUES (?1, ?2)
              ON CONFLICT (payment_intent_id) DO NOTHING",
         )?
@@ -552,8 +553,8 @@ fn link_payment_intent(
     if inserted == 0 {
         return Ok(());
     }
-    let parked: Vec<(String, String)> = conn
-        .prepare_cached(
+    let parked: Vec<(String, String)> = db
+        .prepare(
             "SELECT event_id, payload FROM processed_events
              WHERE outcome = 'parked' AND payment_intent_id = ?1 AND provider = 'stripe'
              ORDER BY received_at, rowid",
@@ -563,11 +564,11 @@ fn link_payment_intent(
     for (event_id, payload) in parked {
         let event = normalise_stored(Provider::Stripe, payload.as_bytes())?;
         let outcome = match &event.change {
-            Some(change) => apply_change(conn, &event, change, order_id, now)?,
+            Some(change) => apply_change(db, &event, change, order_id, now)?,
             None => Outcome::Ignored,
         };
         tracing::debug!(parked_event_id = %event_id, outcome = outcome.as_str(), "applied parked event");
-        set_event_outcome(conn, Provider::Stripe, &event_id, outcome, Some(order_id))?;
+        set_event_outcome(db, Provider::Stripe, &event_id, outcome, Some(order_id))?;
     }
     Ok(())
 }

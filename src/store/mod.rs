@@ -12,6 +12,7 @@ pub mod outbox;
 pub mod purge;
 pub mod reads;
 pub mod schema;
+pub mod statements;
 pub mod writer;
 
 use std::path::Path;

@@ -4,6 +4,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
 use super::events::{load_order, record_change};
+use super::statements::Statements;
 use super::StoreError;
 use crate::clock::iso_seconds;
 use crate::domain::OrderStatus;
@@ -113,9 +114,10 @@ pub fn insert_api_order(
     if inserted == 0 {
         return Ok(None);
     }
-    let state = load_order(conn, &order.order_id)?.expect("the order was just inserted");
+    let db = &mut Statements::new(conn);
+    let state = load_order(db, &order.order_id)?.expect("the order was just inserted");
     // Created in pending, which carries no notice: this records the transition only.
-    record_change(conn, "api", &origin, &order.order_id, None, &state, &now)?;
+    record_change(db, "api", &origin, &order.order_id, None, &state, &now)?;
     Ok(get_order(conn, &order.order_id)?)
 }
 
@@ -139,7 +141,8 @@ pub fn set_status_by_operator(
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(StoreError::from)?;
     let result = (|| {
-        let mut state = load_order(conn, order_id)?
+        let db = &mut Statements::new(conn);
+        let mut state = load_order(db, order_id)?
             .ok_or_else(|| SetStatusError::NoSuchOrder(order_id.into()))?;
         let previous = state.status;
         state.status = status;
@@ -149,7 +152,7 @@ pub fn set_status_by_operator(
         )
         .map_err(StoreError::from)?;
         record_change(
-            conn,
+            db,
             "operator",
             "operator",
             order_id,

@@ -24,6 +24,7 @@ use tracing::Span;
 
 use super::events::{record_event_and_apply, Outcome, Retention};
 use super::idempotency::{run_idempotent, IdempotentOutcome, IdempotentRequest};
+use super::statements::Statements;
 use super::{open_for_writing, purge, StoreError};
 use crate::clock::SharedClock;
 use crate::domain::NormalizedEvent;
@@ -335,8 +336,9 @@ fn commit_batch(
         return false;
     }
     let mut done: Vec<Done> = Vec::with_capacity(records.len());
+    let mut db = Statements::new(conn);
     for RecordJob { work, span } in records {
-        let (finished, broken) = span.in_scope(|| run_work(conn, work, now_unix, retention));
+        let (finished, broken) = span.in_scope(|| run_work(&mut db, work, now_unix, retention));
         done.push(finished);
         if let Some(broken) = broken {
             // The savepoint could not be undone, or SQLite rolled the whole transaction back by
@@ -350,6 +352,7 @@ fn commit_batch(
             return matches!(&broken, StoreError::Sqlite(e) if is_connection_fault(e));
         }
     }
+    drop(db);
     if fault_injected("writer::before_commit") {
         let _ = conn.execute_batch("ROLLBACK");
         done.into_iter().for_each(Done::fail);
@@ -381,7 +384,7 @@ fn commit_batch(
 /// Runs one unit of work in its savepoint. The second value is set when the enclosing
 /// transaction is no longer usable.
 fn run_work(
-    conn: &Connection,
+    db: &mut Statements<'_>,
     work: Work,
     now_unix: i64,
     retention: &Retention,
@@ -394,7 +397,7 @@ fn run_work(
         } => {
             let keep = |outcome: &Outcome| *outcome != Outcome::Duplicate;
             match in_savepoint(
-                conn,
+                db,
                 |c| record_event_and_apply(c, &event, &payload, now_unix, retention),
                 keep,
             ) {
@@ -403,7 +406,11 @@ fn run_work(
             }
         }
         Work::Idempotent { request, reply } => {
-            match in_savepoint(conn, |c| run_idempotent(c, request, now_unix), |_| true) {
+            match in_savepoint(
+                db,
+                |db| run_idempotent(db.conn(), request, now_unix),
+                |_| true,
+            ) {
                 Ok(result) => (Done::Idempotent(reply, result), None),
                 Err(broken) => (
                     Done::Idempotent(reply, Err(transaction_lost())),
@@ -429,22 +436,22 @@ fn is_connection_fault(error: &rusqlite::Error) -> bool {
 /// The inner result is the work's own (an error there was rolled back alone); the outer error
 /// means the enclosing transaction is no longer usable.
 fn in_savepoint<T>(
-    conn: &Connection,
-    work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    db: &mut Statements<'_>,
+    work: impl FnOnce(&mut Statements<'_>) -> Result<T, StoreError>,
     keep: impl Fn(&T) -> bool,
 ) -> Result<Result<T, StoreError>, StoreError> {
-    conn.prepare_cached("SAVEPOINT delivery")?.execute([])?;
-    let result = work(conn);
-    if conn.is_autocommit() {
+    db.prepare("SAVEPOINT delivery")?.execute([])?;
+    let result = work(db);
+    if db.conn().is_autocommit() {
         return Err(match result {
             Err(e) => e,
             Ok(_) => transaction_lost(),
         });
     }
     if !matches!(&result, Ok(value) if keep(value)) {
-        conn.prepare_cached("ROLLBACK TO delivery")?.execute([])?;
+        db.prepare("ROLLBACK TO delivery")?.execute([])?;
     }
-    conn.prepare_cached("RELEASE delivery")?.execute([])?;
+    db.prepare("RELEASE delivery")?.execute([])?;
     if let Err(e) = &result {
         tracing::error!(error = ?e, "work failed and was rolled back alone");
     }
