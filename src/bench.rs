@@ -41,6 +41,8 @@ pub struct BenchConfig {
 pub enum BenchError {
     #[error("{0} is not set: bench signs like the provider, with the server's secret")]
     MissingSecret(&'static str),
+    #[error("--url {0}")]
+    Url(String),
     #[error("--check-db: {0}")]
     Check(String),
 }
@@ -239,6 +241,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
     }
     let plan = Arc::new(plan);
     let next = Arc::new(AtomicUsize::new(0));
+    let target = Target::parse(&config.url)?;
     let deadline = Instant::now() + Duration::from_secs_f64(config.max_seconds);
     let threads = config.threads.max(1);
     let started = Instant::now();
@@ -247,7 +250,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
         .map(|t| {
             let per_thread =
                 config.concurrency / threads + usize::from(t < config.concurrency % threads);
-            let (plan, next, url) = (plan.clone(), next.clone(), config.url.clone());
+            let (plan, next, target) = (plan.clone(), next.clone(), target.clone());
             let (provider, run_id, midtrans_key) =
                 (config.provider, run_id.clone(), midtrans_key.clone());
             let signer = match &signer {
@@ -260,7 +263,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
                     per_thread,
                     plan,
                     next,
-                    url,
+                    target,
                     provider,
                     run_id,
                     midtrans_key,
@@ -326,12 +329,80 @@ struct ThreadOutcome {
     errors: usize,
 }
 
+/// Where the requests go: the address to connect to, and the request line's path and `Host`.
+#[derive(Debug, Clone)]
+struct Target {
+    authority: String,
+    path_and_query: String,
+}
+
+impl Target {
+    fn parse(url: &str) -> Result<Target, BenchError> {
+        let uri: hyper::Uri = url
+            .parse()
+            .map_err(|e| BenchError::Url(format!("{url}: {e}")))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(BenchError::Url(format!(
+                "{url}: bench speaks plain http://; point it at the server itself, behind any TLS proxy"
+            )));
+        }
+        let host = uri
+            .host()
+            .ok_or_else(|| BenchError::Url(format!("{url}: no host")))?;
+        Ok(Target {
+            authority: format!("{host}:{}", uri.port_u16().unwrap_or(80)),
+            path_and_query: uri
+                .path_and_query()
+                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+        })
+    }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<actix_web::web::Bytes>>;
+
+/// One keep-alive connection. hyper's bare HTTP/1.1 connection, not a pooled client: the load
+/// generator shares the cores with the server, and a pool, redirects and per-request timers
+/// only cost it time.
+async fn connect(target: &Target) -> Result<Sender, Box<dyn std::error::Error>> {
+    let stream = tokio::net::TcpStream::connect(&target.authority).await?;
+    stream.set_nodelay(true)?;
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    actix_web::rt::spawn(connection);
+    Ok(sender)
+}
+
+/// Sends one request on `connection`, (re)connecting first if it has none or it closed.
+async fn send(
+    connection: &mut Option<Sender>,
+    target: &Target,
+    request: hyper::Request<http_body_util::Full<actix_web::web::Bytes>>,
+) -> Result<hyper::StatusCode, Box<dyn std::error::Error>> {
+    use http_body_util::BodyExt;
+    if connection.as_ref().is_none_or(|c| c.is_closed()) {
+        *connection = Some(connect(target).await?);
+    }
+    let sender = connection.as_mut().expect("connected above");
+    let sent = async {
+        sender.ready().await?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        response.into_body().collect().await?;
+        Ok::<_, hyper::Error>(status)
+    }
+    .await;
+    if sent.is_err() {
+        *connection = None;
+    }
+    Ok(sent?)
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn client_loop(
     connections: usize,
     plan: Arc<Vec<usize>>,
     next: Arc<AtomicUsize>,
-    url: String,
+    target: Target,
     provider: Provider,
     run_id: String,
     midtrans_key: Option<String>,
@@ -339,25 +410,21 @@ async fn client_loop(
     deadline: Instant,
     rate: Option<f64>,
 ) -> ThreadOutcome {
-    let client = awc::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .connector(awc::Connector::new().limit(connections.max(1)))
-        .finish();
     let signer = Rc::new(signer);
-    let url: Rc<str> = url.into();
+    let target = Rc::new(target);
     let template = Rc::new(EventTemplate::new(provider, &run_id, midtrans_key));
     let interval = rate.map(|r| Duration::from_secs_f64(connections as f64 / r.max(0.001)));
+    // A request still unanswered this long after the deadline counts as an error.
+    let give_up = tokio::time::Instant::from_std(deadline + Duration::from_secs(30));
     let workers = (0..connections.max(1)).map(|_| {
-        let (client, plan, next, signer, url) = (
-            client.clone(),
-            plan.clone(),
-            next.clone(),
-            signer.clone(),
-            url.clone(),
-        );
+        let (plan, next, signer, target) =
+            (plan.clone(), next.clone(), signer.clone(), target.clone());
         let template = template.clone();
         async move {
             let mut out = ThreadOutcome::default();
+            let mut connection: Option<Sender> = None;
+            let give_up = tokio::time::sleep_until(give_up);
+            tokio::pin!(give_up);
             loop {
                 let tick = Instant::now();
                 if tick >= deadline {
@@ -367,28 +434,35 @@ async fn client_loop(
                 let Some(&event) = plan.get(slot) else { break };
                 // Completed per request (about a microsecond) rather than kept for the whole run.
                 let body = template.render(event);
-                let mut request = client
-                    .post(&*url)
-                    .insert_header(("Content-Type", "application/json"));
+                let mut request = hyper::Request::post(target.path_and_query.as_str())
+                    .header(hyper::header::HOST, target.authority.as_str())
+                    .header(hyper::header::CONTENT_TYPE, "application/json");
                 if let Signer::Stripe(secret) = &*signer {
                     let header =
                         stripe::signature_header(&[secret.as_str()], SystemClock.now_unix(), &body);
-                    request = request.insert_header(("Stripe-Signature", header));
+                    request = request.header("Stripe-Signature", header);
                 }
+                let request = request
+                    .body(http_body_util::Full::new(actix_web::web::Bytes::from(body)))
+                    .expect("a request built from a parsed URL");
                 let started = Instant::now();
-                match request.send_body(body).await {
-                    Ok(mut response) => {
-                        let _ = response.body().await;
-                        out.latencies_us
-                            .push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
-                        let status = response.status();
-                        if status.is_success() {
-                            out.ok += 1;
-                        } else {
-                            *out.non_2xx.entry(status.as_u16()).or_default() += 1;
+                tokio::select! {
+                    sent = send(&mut connection, &target, request) => match sent {
+                        Ok(status) => {
+                            out.latencies_us
+                                .push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                            if status.is_success() {
+                                out.ok += 1;
+                            } else {
+                                *out.non_2xx.entry(status.as_u16()).or_default() += 1;
+                            }
                         }
+                        Err(_) => out.errors += 1,
+                    },
+                    () = &mut give_up => {
+                        out.errors += 1;
+                        break;
                     }
-                    Err(_) => out.errors += 1,
                 }
                 if let Some(interval) = interval {
                     let spent = tick.elapsed();

@@ -233,3 +233,38 @@ async fn bench_against_midtrans_signs_each_notification() {
         100
     );
 }
+
+#[actix_web::test]
+async fn bench_refuses_an_https_url_before_sending_anything() {
+    let output = Command::new(sekali_bin())
+        .args(["bench", "--url", "https://shop.example/webhooks/stripe"])
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("plain http://"), "{stderr}");
+    assert!(output.stdout.is_empty(), "no report: {output:?}");
+}
+
+#[actix_web::test]
+async fn bench_counts_refused_connections_as_errors_and_fails() {
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let output = Command::new(sekali_bin())
+        .args(["bench", "--url"])
+        .arg(format!("http://127.0.0.1:{port}/webhooks/stripe"))
+        .args(["--events", "20", "--dup-ratio", "0", "--concurrency", "2"])
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(report["errors"], 20, "{stdout}");
+    assert_eq!(report["ok_2xx"], 0);
+}
