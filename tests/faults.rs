@@ -162,16 +162,7 @@ async fn a_poisoned_delivery_inside_a_batch_fails_alone_and_the_rest_commit() {
     // The second delivery to reach this point fails; every other one passes.
     fail::cfg("store::after_effects", "1*off->1*return->off").unwrap();
 
-    let template = String::from_utf8(fixture("stripe/payment_intent.succeeded.json")).unwrap();
-    let bodies: Vec<Vec<u8>> = (0..20)
-        .map(|i| {
-            template
-                .replace("evt_1QA0002succeeded000001", &format!("evt_batch_{i:02}"))
-                .replace("ord_1001", &format!("ord_batch_{i:02}"))
-                .replace("pi_3QA0001Order1001", &format!("pi_batch_{i:02}"))
-                .into_bytes()
-        })
-        .collect();
+    let bodies = batch_bodies(20);
     let sending = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
     let release = async {
         actix_web::rt::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -191,5 +182,94 @@ async fn a_poisoned_delivery_inside_a_batch_fails_alone_and_the_rest_commit() {
     let retry = app.deliver_stripe_body(&bodies[failed[0]]).await;
     assert_eq!(retry.outcome(), "processed");
     assert_eq!(all_rows(&app), (20, 20, 20, 20));
+    scenario.teardown();
+}
+
+/// `count` distinct Stripe deliveries built from one fixture.
+fn batch_bodies(count: usize) -> Vec<Vec<u8>> {
+    let template = String::from_utf8(fixture("stripe/payment_intent.succeeded.json")).unwrap();
+    (0..count)
+        .map(|i| {
+            template
+                .replace("evt_1QA0002succeeded000001", &format!("evt_batch_{i:02}"))
+                .replace("ord_1001", &format!("ord_batch_{i:02}"))
+                .replace("pi_3QA0001Order1001", &format!("pi_batch_{i:02}"))
+                .into_bytes()
+        })
+        .collect()
+}
+
+#[actix_web::test]
+async fn a_poisoned_delivery_does_not_fail_api_work_queued_in_its_batch() {
+    const TOKEN: &str = "tok-shop-faults";
+    let scenario = FailScenario::setup();
+    let app = spawn_app_with(|s| {
+        s.secrets.api_tokens = sekali::config::parse_api_tokens(&format!("shop:{TOKEN}")).unwrap();
+    })
+    .await;
+    let locker = rusqlite::Connection::open(&app.db_path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    fail::cfg("store::after_effects", "1*off->1*return->off").unwrap();
+
+    let bodies = batch_bodies(10);
+    let deliveries = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
+    let order =
+        r#"{"order_id": "ord_api_batch", "amount": 2500, "currency": "usd", "provider": "stripe"}"#;
+    let api_call = async {
+        // After the deliveries, so the first job the writer takes (alone, while it waits for
+        // the lock) is a delivery and the API work queues behind it with the others.
+        actix_web::rt::time::sleep(std::time::Duration::from_millis(200)).await;
+        app.post(
+            "/orders",
+            order.as_bytes().to_vec(),
+            &[
+                ("Authorization", &format!("Bearer {TOKEN}")),
+                ("Idempotency-Key", "k-batch-1"),
+            ],
+        )
+        .await
+    };
+    let release = async {
+        actix_web::rt::time::sleep(std::time::Duration::from_millis(500)).await;
+        locker.execute_batch("ROLLBACK").unwrap();
+    };
+    let (answers, created, ()) = futures_util::future::join3(deliveries, api_call, release).await;
+
+    let failed = answers.iter().filter(|a| a.status != 200).count();
+    assert_eq!(failed, 1, "{answers:?}");
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    assert_eq!(
+        app.count("SELECT count(*) FROM orders WHERE order_id = 'ord_api_batch'"),
+        1
+    );
+    assert_eq!(app.count("SELECT count(*) FROM idempotency_keys"), 1);
+    assert_eq!(app.count("SELECT count(*) FROM processed_events"), 9);
+    scenario.teardown();
+}
+
+#[actix_web::test]
+async fn a_delivery_that_always_fails_fails_alone_in_every_batch() {
+    let scenario = FailScenario::setup();
+    let app = spawn_app().await;
+    let locker = rusqlite::Connection::open(&app.db_path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // Every delivery fails after its effects: each must be rolled back, none committed.
+    fail::cfg("store::after_effects", "return").unwrap();
+
+    let bodies = batch_bodies(12);
+    let sending = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
+    let release = async {
+        actix_web::rt::time::sleep(std::time::Duration::from_millis(500)).await;
+        locker.execute_batch("ROLLBACK").unwrap();
+    };
+    let (answers, ()) = futures_util::future::join(sending, release).await;
+    assert!(answers.iter().all(|a| a.status == 503), "{answers:?}");
+    assert_eq!(all_rows(&app), (0, 0, 0, 0), "nothing committed");
+
+    fail::remove("store::after_effects");
+    for body in &bodies {
+        assert_eq!(app.deliver_stripe_body(body).await.outcome(), "processed");
+    }
+    assert_eq!(all_rows(&app), (12, 12, 12, 12));
     scenario.teardown();
 }

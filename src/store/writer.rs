@@ -3,8 +3,10 @@
 //! Why one thread: SQLite has one write lock per database. Pooled writers only take turns on it
 //! (and time out with `SQLITE_BUSY` under load), while a single owner never waits on itself and
 //! can group deliveries: it takes whatever is queued (up to `batch_max`), opens one
-//! `BEGIN IMMEDIATE`, runs each delivery inside its own SAVEPOINT (a failing delivery rolls back
-//! alone), commits once with `synchronous=FULL`, and only then answers each delivery. No timer:
+//! `BEGIN IMMEDIATE`, runs each delivery, commits once with `synchronous=FULL`, and only then
+//! answers each delivery. A failing delivery rolls back alone: the first pass runs without
+//! savepoints, and if a delivery fails the batch is rolled back and the rest rerun with a
+//! SAVEPOINT each (see [`commit_batch`]). No timer:
 //! a lone delivery on an empty queue commits at once. `batch_max = 1` gives one transaction per
 //! delivery through the same code.
 //!
@@ -315,25 +317,138 @@ fn reopen(config: &WriterConfig) -> Connection {
     }
 }
 
-/// One transaction for all of `records`, one savepoint each; answers after COMMIT.
-/// Returns true when the connection itself looks broken (I/O error, file replaced or corrupt)
-/// and should be reopened.
+/// One transaction for all of `records`; answers after COMMIT. Returns true when the connection
+/// itself looks broken (I/O error, file replaced or corrupt) and should be reopened.
+///
+/// Deliveries run first and optimistically, without savepoints: almost every batch succeeds
+/// whole, and a savepoint per delivery costs the writer a tenth of its work (SQLite copies each
+/// page a delivery touches into the savepoint's journal). If a delivery fails, the transaction
+/// is rolled back, that delivery gets its error, and the rest of the batch runs again from the
+/// start with a savepoint each ([`commit_with_savepoints`]). Every delivery then ends exactly as
+/// if it had had its savepoint all along: the same state before it, the same result, and one
+/// failure rolls back alone. API work under an Idempotency-Key cannot run twice (it is an
+/// `FnOnce`), so it always runs in its own savepoint, after the deliveries.
 fn commit_batch(
+    conn: &Connection,
+    mut records: Vec<RecordJob>,
+    now_unix: i64,
+    retention: &Retention,
+) -> bool {
+    // Stable: deliveries keep their order, and come before API work.
+    records.sort_by_key(|job| matches!(job.work, Work::Idempotent { .. }));
+    let deliveries = records
+        .iter()
+        .take_while(|job| matches!(job.work, Work::Delivery { .. }))
+        .count();
+    if deliveries == 0 {
+        return commit_with_savepoints(conn, records, now_unix, retention);
+    }
+    if let Err(reopen) = begin(conn) {
+        records.into_iter().for_each(|job| job.work.fail());
+        return reopen;
+    }
+    let mut db = Statements::new(conn);
+    let mut outcomes = Vec::with_capacity(deliveries);
+    for (index, job) in records[..deliveries].iter().enumerate() {
+        let Work::Delivery { event, payload, .. } = &job.work else {
+            unreachable!("the first `deliveries` jobs are deliveries")
+        };
+        let result = job
+            .span
+            .in_scope(|| record_event_and_apply(&mut db, event, payload, now_unix, retention));
+        match result {
+            Ok(outcome) => outcomes.push(outcome),
+            Err(e) => {
+                drop(db);
+                return rerun_without(conn, records, index, e, now_unix, retention);
+            }
+        }
+    }
+    let mut done: Vec<Done> = Vec::with_capacity(records.len());
+    let mut rest = records.into_iter();
+    for (job, outcome) in rest.by_ref().zip(outcomes) {
+        let Work::Delivery { reply, .. } = job.work else {
+            unreachable!("the first `deliveries` jobs are deliveries")
+        };
+        done.push(Done::Delivery(reply, Ok(outcome)));
+    }
+    for RecordJob { work, span } in rest {
+        let (finished, broken) = span.in_scope(|| run_work(&mut db, work, now_unix, retention));
+        done.push(finished);
+        if let Some(broken) = broken {
+            drop(db);
+            return abandon(conn, done, broken);
+        }
+    }
+    drop(db);
+    commit_and_answer(conn, done)
+}
+
+/// The optimistic pass of [`commit_batch`] failed at `records[failed]` with `error`: roll back,
+/// answer that delivery with its error, and run the others again with a savepoint each.
+fn rerun_without(
+    conn: &Connection,
+    mut records: Vec<RecordJob>,
+    failed: usize,
+    error: StoreError,
+    now_unix: i64,
+    retention: &Retention,
+) -> bool {
+    let poisoned = records.remove(failed);
+    if conn.is_autocommit() {
+        // SQLite rolled the whole transaction back by itself (it does on SQLITE_FULL,
+        // SQLITE_IOERR and similar): the connection may be unusable, so nothing is retried.
+        tracing::error!(error = ?error, "the batch transaction is lost; everything in it gets 503");
+        poisoned.work.fail();
+        records.into_iter().for_each(|job| job.work.fail());
+        return matches!(&error, StoreError::Sqlite(e) if is_connection_fault(e));
+    }
+    if let Err(e) = conn.execute_batch("ROLLBACK") {
+        tracing::error!(error = ?StoreError::from(e), "could not roll back a failed batch; everything in it gets 503");
+        poisoned.work.fail();
+        records.into_iter().for_each(|job| job.work.fail());
+        return true;
+    }
+    poisoned.span.in_scope(|| {
+        tracing::error!(error = ?error, "delivery failed and was rolled back alone");
+    });
+    if let Work::Delivery { reply, .. } = poisoned.work {
+        Done::Delivery(reply, Err(error)).answer();
+    }
+    if records.is_empty() {
+        return false;
+    }
+    tracing::info!(
+        deliveries = records.len(),
+        "rerunning the rest of the batch with a savepoint each"
+    );
+    commit_with_savepoints(conn, records, now_unix, retention)
+}
+
+/// The transaction is lost (`broken` says why): roll back what is left and answer 503 to all of
+/// `done`. Returns true when the connection should be reopened.
+fn abandon(conn: &Connection, done: Vec<Done>, broken: StoreError) -> bool {
+    // The savepoint could not be undone, or SQLite rolled the whole transaction back by itself
+    // (it does on SQLITE_FULL, SQLITE_IOERR and similar): nothing in this batch may commit.
+    tracing::error!(error = ?broken, "the batch transaction is lost; everything in it gets 503");
+    if !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    done.into_iter().for_each(Done::fail);
+    matches!(&broken, StoreError::Sqlite(e) if is_connection_fault(e))
+}
+
+/// One transaction for all of `records`, one savepoint each; answers after COMMIT. The
+/// fallback of [`commit_batch`]; returns what it returns.
+fn commit_with_savepoints(
     conn: &Connection,
     records: Vec<RecordJob>,
     now_unix: i64,
     retention: &Retention,
 ) -> bool {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let broken = is_connection_fault(&e);
-        tracing::error!(error = ?StoreError::from(e), "could not begin the write transaction");
+    if let Err(reopen) = begin(conn) {
         records.into_iter().for_each(|job| job.work.fail());
-        return broken;
-    }
-    if fault_injected("writer::after_begin") {
-        let _ = conn.execute_batch("ROLLBACK");
-        records.into_iter().for_each(|job| job.work.fail());
-        return false;
+        return reopen;
     }
     let mut done: Vec<Done> = Vec::with_capacity(records.len());
     let mut db = Statements::new(conn);
@@ -341,18 +456,32 @@ fn commit_batch(
         let (finished, broken) = span.in_scope(|| run_work(&mut db, work, now_unix, retention));
         done.push(finished);
         if let Some(broken) = broken {
-            // The savepoint could not be undone, or SQLite rolled the whole transaction back by
-            // itself (it does on SQLITE_FULL, SQLITE_IOERR and similar): nothing in this batch
-            // may commit.
-            tracing::error!(error = ?broken, "the batch transaction is lost; everything in it gets 503");
-            if !conn.is_autocommit() {
-                let _ = conn.execute_batch("ROLLBACK");
-            }
-            done.into_iter().for_each(Done::fail);
-            return matches!(&broken, StoreError::Sqlite(e) if is_connection_fault(e));
+            drop(db);
+            return abandon(conn, done, broken);
         }
     }
     drop(db);
+    commit_and_answer(conn, done)
+}
+
+/// Opens the batch's write transaction. `Err(reopen)` when it did not open: the caller answers
+/// 503 to everything, and reopens the connection if `reopen`.
+fn begin(conn: &Connection) -> Result<(), bool> {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let reopen = is_connection_fault(&e);
+        tracing::error!(error = ?StoreError::from(e), "could not begin the write transaction");
+        return Err(reopen);
+    }
+    if fault_injected("writer::after_begin") {
+        let _ = conn.execute_batch("ROLLBACK");
+        return Err(false);
+    }
+    Ok(())
+}
+
+/// COMMITs the open transaction holding `done`, then answers each; 503 to all if it fails.
+/// Returns true when the connection should be reopened.
+fn commit_and_answer(conn: &Connection, done: Vec<Done>) -> bool {
     if fault_injected("writer::before_commit") {
         let _ = conn.execute_batch("ROLLBACK");
         done.into_iter().for_each(Done::fail);
