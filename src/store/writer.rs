@@ -6,7 +6,7 @@
 //! `BEGIN IMMEDIATE`, runs each delivery, commits once with `synchronous=FULL`, and only then
 //! answers each delivery. A failing delivery rolls back alone: the first pass runs without
 //! savepoints, and if a delivery fails the batch is rolled back and the rest rerun with a
-//! SAVEPOINT each (see [`commit_batch`]). No timer:
+//! SAVEPOINT each (see `commit_batch`). No timer:
 //! a lone delivery on an empty queue commits at once. `batch_max = 1` gives one transaction per
 //! delivery through the same code.
 //!
