@@ -366,7 +366,9 @@ fn commit_batch(
     }
     let mut done: Vec<Done> = Vec::with_capacity(records.len());
     let mut rest = records.into_iter();
-    for (job, outcome) in rest.by_ref().zip(outcomes) {
+    // `outcomes` first: zip stops at the shorter side without taking from the other one, so the
+    // API work after the deliveries stays in `rest`.
+    for (outcome, job) in outcomes.into_iter().zip(rest.by_ref()) {
         let Work::Delivery { reply, .. } = job.work else {
             unreachable!("the first `deliveries` jobs are deliveries")
         };
