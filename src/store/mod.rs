@@ -13,6 +13,7 @@ pub mod purge;
 pub mod reads;
 pub mod schema;
 pub mod statements;
+pub mod wal_vfs;
 pub mod writer;
 
 use std::path::Path;
@@ -78,10 +79,12 @@ fn apply_connection_pragmas(conn: &Connection, busy_timeout: Duration) -> rusqli
 }
 
 /// Opens (creating if needed) the database for writing: WAL, `synchronous=FULL`, busy timeout,
-/// schema applied.
+/// schema applied. Through [`wal_vfs`], which hands each commit's WAL frames to the OS in one
+/// write.
 pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
-    let conn = Connection::open(path)?;
+    let conn = wal_vfs::open(path)?;
     apply_connection_pragmas(&conn, busy_timeout)?;
+    wal_vfs::check_full_sync(&conn)?;
     let mode: String =
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
