@@ -39,7 +39,8 @@ impl Server {
             .arg(db)
             .args(extra)
             .env("STRIPE_WEBHOOK_SECRET", SECRET)
-            .env("RUST_LOG", "warn")
+            // The default log level (info), as a deployment would run it.
+            .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .spawn()
             .unwrap();

@@ -12,7 +12,9 @@ pub async fn stripe_webhook(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let span = tracing::info_span!(
+    // At `debug` only: at the default level a delivery that succeeds formats nothing. The
+    // lines logged at `info` and above carry the provider (and the event id) themselves.
+    let span = tracing::debug_span!(
         "delivery",
         provider = "stripe",
         event_id = Empty,
@@ -20,7 +22,7 @@ pub async fn stripe_webhook(
     );
     let result =
         tracing::Instrument::instrument(handle_stripe(req, payload, state), span.clone()).await;
-    respond(&span, result)
+    respond(Provider::Stripe, &span, result)
 }
 
 pub async fn midtrans_webhook(
@@ -28,7 +30,9 @@ pub async fn midtrans_webhook(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let span = tracing::info_span!(
+    // At `debug` only: at the default level a delivery that succeeds formats nothing. The
+    // lines logged at `info` and above carry the provider (and the event id) themselves.
+    let span = tracing::debug_span!(
         "delivery",
         provider = "midtrans",
         event_id = Empty,
@@ -36,7 +40,7 @@ pub async fn midtrans_webhook(
     );
     let result =
         tracing::Instrument::instrument(handle_midtrans(payload, req, state), span.clone()).await;
-    respond(&span, result)
+    respond(Provider::Midtrans, &span, result)
 }
 
 async fn handle_stripe(
@@ -116,19 +120,26 @@ async fn record(
     // in skipped content, which is refused here rather than stored lossily.
     let payload = String::from_utf8(Vec::from(body))
         .map_err(|_| PayloadError::InvalidJson("the body is not valid UTF-8".into()))?;
-    let event_id = event.event_id.clone();
+    let (provider, event_id) = (event.provider, event.event_id.clone());
     let outcome = state
         .writer
         .record(event, payload)
         .await
         .map_err(|e| match e {
             WriteError::QueueFull => WebhookError::Overloaded,
-            other => WebhookError::Unavailable(other),
+            other => {
+                tracing::error!(%provider, event_id, error = ?other, "delivery not recorded");
+                WebhookError::Unavailable(other)
+            }
         })?;
     Ok((outcome, event_id))
 }
 
-fn respond(span: &tracing::Span, result: Result<(Outcome, String), WebhookError>) -> HttpResponse {
+fn respond(
+    provider: Provider,
+    span: &tracing::Span,
+    result: Result<(Outcome, String), WebhookError>,
+) -> HttpResponse {
     let _entered = span.enter();
     match result {
         Ok((outcome, event_id)) => {
@@ -139,12 +150,18 @@ fn respond(span: &tracing::Span, result: Result<(Outcome, String), WebhookError>
         }
         Err(error) => {
             use actix_web::ResponseError;
-            if let WebhookError::Unavailable(_) = error {
-                tracing::error!(error = ?error, "delivery not recorded");
-            } else if let WebhookError::Overloaded = error {
-                tracing::warn!("write queue full; answered 503");
-            } else {
-                tracing::info!(status = error.status_code().as_u16(), error = %error, "delivery rejected");
+            match error {
+                // Logged where the event id is known, in `record`.
+                WebhookError::Unavailable(_) => {}
+                WebhookError::Overloaded => {
+                    tracing::warn!(%provider, "write queue full; answered 503")
+                }
+                _ => tracing::info!(
+                    %provider,
+                    status = error.status_code().as_u16(),
+                    error = %error,
+                    "delivery rejected"
+                ),
             }
             error.error_response()
         }

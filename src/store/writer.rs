@@ -411,10 +411,10 @@ fn rerun_without(
         records.into_iter().for_each(|job| job.work.fail());
         return true;
     }
-    poisoned.span.in_scope(|| {
-        tracing::error!(error = ?error, "delivery failed and was rolled back alone");
-    });
-    if let Work::Delivery { reply, .. } = poisoned.work {
+    if let Work::Delivery { event, reply, .. } = poisoned.work {
+        poisoned
+            .span
+            .in_scope(|| log_delivery_failure(&event, &error));
         Done::Delivery(reply, Err(error)).answer();
     }
     if records.is_empty() {
@@ -532,17 +532,28 @@ fn run_work(
                 |c| record_event_and_apply(c, &event, &payload, now_unix, retention),
                 keep,
             ) {
-                Ok(result) => (Done::Delivery(reply, result), None),
+                Ok(result) => {
+                    if let Err(e) = &result {
+                        log_delivery_failure(&event, e);
+                    }
+                    (Done::Delivery(reply, result), None)
+                }
                 Err(broken) => (Done::Delivery(reply, Err(transaction_lost())), Some(broken)),
             }
         }
         Work::Idempotent { request, reply } => {
+            let client = request.client.clone();
             match in_savepoint(
                 db,
                 |db| run_idempotent(db.conn(), request, now_unix),
                 |_| true,
             ) {
-                Ok(result) => (Done::Idempotent(reply, result), None),
+                Ok(result) => {
+                    if let Err(e) = &result {
+                        tracing::error!(client, error = ?e, "API work failed and was rolled back alone");
+                    }
+                    (Done::Idempotent(reply, result), None)
+                }
                 Err(broken) => (
                     Done::Idempotent(reply, Err(transaction_lost())),
                     Some(broken),
@@ -550,6 +561,17 @@ fn run_work(
             }
         }
     }
+}
+
+/// A delivery's own failure, rolled back alone. The provider and event id are fields here
+/// because the request's `delivery` span exists only at `debug`.
+fn log_delivery_failure(event: &NormalizedEvent, error: &StoreError) {
+    tracing::error!(
+        provider = %event.provider,
+        event_id = event.event_id,
+        error = ?error,
+        "delivery failed and was rolled back alone"
+    );
 }
 
 /// Errors after which this connection should not be trusted again. Busy and full are not among
@@ -583,9 +605,6 @@ fn in_savepoint<T>(
         db.prepare("ROLLBACK TO delivery")?.execute([])?;
     }
     db.prepare("RELEASE delivery")?.execute([])?;
-    if let Err(e) = &result {
-        tracing::error!(error = ?e, "work failed and was rolled back alone");
-    }
     Ok(result)
 }
 

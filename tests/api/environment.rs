@@ -313,3 +313,43 @@ fn nothing_secret_reaches_the_logs_even_at_trace_level() {
         assert!(!logs.contains(needle.as_str()), "the logs contain {needle}");
     }
 }
+
+#[test]
+fn at_the_default_level_a_rejection_names_its_provider_and_a_success_logs_nothing() {
+    let server = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
+    let base = server.base_url();
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(10))
+        .build();
+    let post = |body: &[u8], signature: &str| match agent
+        .post(&format!("{base}/webhooks/stripe"))
+        .set("Content-Type", "application/json")
+        .set("Stripe-Signature", signature)
+        .send_bytes(body)
+    {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("{e}"),
+    };
+    let body = fixture("stripe/payment_intent.succeeded.json");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert_eq!(post(&body, &stripe_header(&body, now)), 200);
+    assert_eq!(post(&body, &format!("t={now},v1={}", "ab".repeat(32))), 401);
+
+    let (status, logs) = server.stop();
+    assert!(status.success());
+    let rejected: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("delivery rejected"))
+        .collect();
+    assert_eq!(rejected.len(), 1, "{logs}");
+    assert!(rejected[0].contains("provider=stripe"), "{logs}");
+    assert!(rejected[0].contains("status=401"), "{logs}");
+    assert!(
+        !logs.contains("evt_1QA0002succeeded000001"),
+        "the delivery that succeeded is not logged at info: {logs}"
+    );
+}
