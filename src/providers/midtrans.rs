@@ -110,7 +110,7 @@ pub fn compute_signature_key(
     hasher.update(status_code.as_bytes());
     hasher.update(gross_amount.as_bytes());
     hasher.update(server_key.as_bytes());
-    hex::encode(hasher.finalize())
+    crate::domain::hex_lower(&hasher.finalize())
 }
 
 /// Verifies `signature_key` in constant time.

@@ -125,7 +125,7 @@ fn signed_payload_mac(secret: &str, timestamp: &str, body: &[u8]) -> HmacSha256 
 /// Hex `v1` signature of `body` at `timestamp`, as Stripe computes it.
 pub fn compute_signature(secret: &str, timestamp: i64, body: &[u8]) -> String {
     let mac = signed_payload_mac(secret, &timestamp.to_string(), body);
-    hex::encode(mac.finalize().into_bytes())
+    crate::domain::hex_lower(&mac.finalize().into_bytes())
 }
 
 /// A complete `Stripe-Signature` header value for `body`, one `v1` per secret.

@@ -177,7 +177,7 @@ pub fn request_fingerprint(
     let mut hasher = Sha256::new();
     hasher.update(format!("{method} {path}\n").as_bytes());
     hasher.update(&canonical);
-    Ok(hex::encode(hasher.finalize()))
+    Ok(crate::domain::hex_lower(&hasher.finalize()))
 }
 
 fn stored_response(stored: StoredResponse, replayed: bool) -> actix_web::HttpResponse {

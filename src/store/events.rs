@@ -533,7 +533,7 @@ pub fn outbox_idempotency_key(
         hasher.update(part.as_bytes());
         hasher.update([0x1f]); // unit separator: no part can run into the next
     }
-    hex::encode(hasher.finalize())
+    crate::domain::hex_lower(&hasher.finalize())
 }
 
 /// Records that `payment_intent_id` belongs to `order_id` and, the first time, applies the
