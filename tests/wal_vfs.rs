@@ -2,15 +2,18 @@
 //! to the OS in one write. What it must never change: what other connections read, and that a
 //! commit is in the file once COMMIT returns.
 //!
-//! One test function on purpose: the write-count check reads `/proc/self/io`, which counts the
-//! write calls of the whole test process, so no other test may run beside it.
+//! The tests take a lock to run one at a time: the write-count check reads `/proc/self/io`,
+//! which counts the write calls of the whole test process.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rusqlite::Connection;
 use sekali::store::{open_for_writing, wal_vfs};
 
 const FRAME: u64 = 4096 + 24;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Write system calls this process has made so far.
 fn write_calls() -> u64 {
@@ -43,6 +46,7 @@ fn commit_rows(conn: &Connection, first: i64, rows: i64) {
 
 #[test]
 fn the_wal_coalescing_vfs_writes_each_commit_at_once_and_others_read_it_whole() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("sekali.db");
     let writer = open_for_writing(&db, Duration::from_secs(5)).unwrap();
@@ -122,4 +126,100 @@ fn the_wal_coalescing_vfs_writes_each_commit_at_once_and_others_read_it_whole() 
         refused.to_string().contains("synchronous=FULL"),
         "{refused}"
     );
+}
+
+/// A transaction too big for the page cache makes SQLite write frames to the WAL before its
+/// COMMIT. If it is then rolled back, those frames must never reach the file later: another
+/// connection (the outbox relay, a `sqlite3` shell) may meanwhile commit its own frames at the
+/// same offsets.
+#[test]
+fn frames_of_a_rolled_back_transaction_never_overwrite_another_connections_commit() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for (rows_deleted, cache_pages) in [(2200, None), (3800, None), (4200, None), (300, Some(20))] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("sekali.db");
+        let writer = open_for_writing(&db, Duration::from_secs(5)).unwrap();
+        writer
+            .execute_batch("CREATE TABLE scratch (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
+            .unwrap();
+        writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+        for id in 0..5000 {
+            writer
+                .execute(
+                    "INSERT INTO scratch (id, body) VALUES (?1, randomblob(1000))",
+                    [id],
+                )
+                .unwrap();
+        }
+        writer.execute_batch("COMMIT").unwrap();
+        writer
+            .query_row("PRAGMA wal_checkpoint", [], |_| Ok(()))
+            .unwrap();
+        if let Some(pages) = cache_pages {
+            writer.pragma_update(None, "cache_size", pages).unwrap();
+        }
+
+        // Like a purge batch that fails: big enough to spill, then rolled back.
+        writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+        writer
+            .execute("DELETE FROM scratch WHERE id < ?1", [rows_deleted])
+            .unwrap();
+        writer.execute_batch("ROLLBACK").unwrap();
+
+        // Another connection, through SQLite's default VFS, commits.
+        let other = Connection::open(&db).unwrap();
+        other.busy_timeout(Duration::from_secs(5)).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        for id in 0..50 {
+            other
+                .execute(
+                    "INSERT INTO scratch (id, body) VALUES (?1, zeroblob(3000))",
+                    [1_000_000 + id],
+                )
+                .unwrap();
+        }
+        other.execute_batch("COMMIT").unwrap();
+
+        // The write connection carries on, then closes.
+        let seen: i64 = writer
+            .query_row("SELECT count(*) FROM scratch", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(seen, 5050);
+        commit_rows_blob(&writer, 2_000_000, 10);
+        drop(writer);
+
+        let fresh = Connection::open(&db).unwrap();
+        let check: String = fresh
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap_or_else(|e| e.to_string());
+        assert_eq!(
+            check, "ok",
+            "after deleting {rows_deleted} rows and rolling back"
+        );
+        let theirs: i64 = fresh
+            .query_row(
+                "SELECT count(*) FROM scratch WHERE id >= 1000000 AND id < 2000000
+                     AND body = zeroblob(3000)",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(theirs, 50, "the other connection's rows are intact");
+        let total: i64 = fresh
+            .query_row("SELECT count(*) FROM scratch", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(total, 5060);
+    }
+}
+
+fn commit_rows_blob(conn: &Connection, first: i64, rows: i64) {
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    for id in first..first + rows {
+        conn.execute(
+            "INSERT INTO scratch (id, body) VALUES (?1, randomblob(1000))",
+            [id],
+        )
+        .unwrap();
+    }
+    conn.execute_batch("COMMIT").unwrap();
 }

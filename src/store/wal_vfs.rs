@@ -1,28 +1,43 @@
 //! A thin SQLite VFS over the platform's default one that merges the WAL writes of a commit into
-//! one `pwrite`.
+//! a few large `pwrite`s.
 //!
 //! SQLite writes each WAL frame with two calls: its 24-byte header, then the page. A batch of
 //! about 27 deliveries commits about 45 frames, so about 90 `pwrite`s, each straddling OS pages
-//! (a frame is 4,120 bytes). This VFS passes every file straight to the default VFS except the
-//! WAL, whose writes it collects while they are contiguous and hands on in a few large calls before
-//! anything that must see them: `xSync` (the COMMIT's fsync), `xRead`, `xFileSize`,
-//! `xTruncate`, `xFileControl` and `xClose`. Measured with a C loop on this kind of machine, 45
-//! frames written as 90 `pwrite`s and fsynced cost 128 µs of CPU; as one `pwrite`, 65 µs.
-//! (The unix VFS takes at most 128 KiB per call, so a typical commit of about 185 KB is two.)
+//! (a frame is 4,120 bytes). Measured with a C loop on this kind of machine, 45 frames written
+//! as 90 `pwrite`s and fsynced cost 128 µs of CPU; as one `pwrite`, 65 µs. (The unix VFS takes
+//! at most 128 KiB per call, so a typical commit of about 185 KB is two.)
 //!
-//! Correct only when every commit syncs the WAL: other connections read committed frames
-//! through their own file descriptors, so a frame must be in the file by the time the commit
-//! is published. With `synchronous=FULL` SQLite syncs the WAL at every commit, before it
-//! publishes the commit in the wal-index; [`open`] refuses any other setting. A crash loses at
-//! most the buffered frames of a transaction that had not committed, which SQLite's recovery
-//! ignores anyway.
+//! What it does:
+//! - Every file but the main database and its WAL passes straight to the default VFS.
+//! - The WAL's contiguous writes are collected and handed on before anything that must see
+//!   them: `xSync` (the COMMIT's fsync), `xRead`, `xFileSize`, `xTruncate` and `xFileControl`.
+//! - The main database file is wrapped only to watch its shared-memory locks: when the
+//!   connection releases the WAL write lock, whatever is still collected is thrown away.
+//!
+//! Why that is safe:
+//! - A commit is published to other connections (in the wal-index) only after its `xSync`,
+//!   and `synchronous=FULL` syncs the WAL at every commit: so every committed frame is in the
+//!   file before anyone can look for it. [`check_full_sync`] refuses any other setting.
+//! - Bytes still collected when the write lock is released belong to a transaction that did
+//!   not commit: frames SQLite wrote early because its page cache was full, then rolled back.
+//!   Handing them on later could overwrite frames that another connection has since committed
+//!   at the same offsets, so they are dropped instead. Stock SQLite leaves such frames in the
+//!   file, beyond the last commit, where nothing reads them.
+//! - A collected write that fails to reach the file fails every later write and sync of the
+//!   transaction, so SQLite cannot publish a commit that is missing frames.
+//! - If the main database does not promise powersafe overwrite (then SQLite pads commits to a
+//!   sector and syncs in the middle of a frame), or the WAL cannot be matched to its database,
+//!   the WAL is written through unchanged.
+//!
+//! A crash loses at most the collected frames of a transaction that had not committed, which
+//! SQLite's recovery ignores anyway.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::size_of;
 use std::path::Path;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use rusqlite::ffi;
 use rusqlite::{Connection, OpenFlags};
@@ -36,6 +51,9 @@ const MAX_BUFFERED: usize = 512 * 1024;
 /// The most the unix VFS writes in one call: it masks each write's length to 17 bits (SQLite
 /// itself never writes more than a page at a time), so longer runs go in pieces of this size.
 const MAX_WRITE: usize = 124 * 1024;
+
+/// SQLite's WAL write lock is shared-memory lock 0 (`WAL_WRITE_LOCK` in sqlite3.c).
+const WAL_WRITE_LOCK: c_int = 0;
 
 /// Opens `path` for writing through this VFS, registering it first if needed. The caller must
 /// then set `synchronous=FULL`; [`check_full_sync`] verifies it.
@@ -75,10 +93,10 @@ fn register() -> rusqlite::Result<()> {
                 return ffi::SQLITE_ERROR;
             }
             INNER.store(inner, Ordering::Release);
-            // Every method but xOpen is the default VFS's own. They take the VFS pointer, but
-            // read at most pAppData from it, which the copy keeps.
+            // Every method but xOpen is the default VFS's own. The unix VFS's ignore the VFS
+            // pointer they are given, but for pAppData, which the copy keeps.
             let mut vfs: ffi::sqlite3_vfs = ptr::read(inner);
-            vfs.szOsFile = (size_of::<WalFile>() + (*inner).szOsFile as usize) as c_int;
+            vfs.szOsFile = (HEADER + (*inner).szOsFile as usize) as c_int;
             vfs.pNext = ptr::null_mut();
             vfs.zName = NAME.as_ptr();
             vfs.xOpen = Some(x_open);
@@ -95,38 +113,51 @@ fn register() -> rusqlite::Result<()> {
     }
 }
 
-/// What SQLite holds for a WAL file opened through this VFS. The default VFS's own file
-/// follows it in the same allocation (`szOsFile` covers both).
+/// Room for our part of a wrapped file; the default VFS's own file follows it, 8-aligned.
+const HEADER: usize = {
+    let largest = if size_of::<WalFile>() > size_of::<DbFile>() {
+        size_of::<WalFile>()
+    } else {
+        size_of::<DbFile>()
+    };
+    largest.div_ceil(8) * 8
+};
+
+/// What SQLite holds for a WAL file opened through this VFS.
 #[repr(C)]
 struct WalFile {
     base: ffi::sqlite3_file,
     inner: *mut ffi::sqlite3_file,
+    /// The database this WAL belongs to; null once either is closed.
+    db: *mut DbFile,
+    /// False: every write goes straight through (see the module docs).
+    collect: bool,
+    /// A collected write that failed: every later write and sync fails with it until the write
+    /// lock is released.
+    failed: c_int,
     /// Bytes written but not yet handed on, for the file range starting at `start`.
     pending: Vec<u8>,
     start: i64,
 }
 
-static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
-    iVersion: 1,
-    xClose: Some(x_close),
-    xRead: Some(x_read),
-    xWrite: Some(x_write),
-    xTruncate: Some(x_truncate),
-    xSync: Some(x_sync),
-    xFileSize: Some(x_file_size),
-    xLock: Some(x_lock),
-    xUnlock: Some(x_unlock),
-    xCheckReservedLock: Some(x_check_reserved_lock),
-    xFileControl: Some(x_file_control),
-    xSectorSize: Some(x_sector_size),
-    xDeviceCharacteristics: Some(x_device_characteristics),
-    xShmMap: None,
-    xShmLock: None,
-    xShmBarrier: None,
-    xShmUnmap: None,
-    xFetch: None,
-    xUnfetch: None,
-};
+/// What SQLite holds for a main database file opened through this VFS.
+#[repr(C)]
+struct DbFile {
+    base: ffi::sqlite3_file,
+    inner: *mut ffi::sqlite3_file,
+    /// The WAL opened for this database by the same connection, or null.
+    wal: *mut WalFile,
+}
+
+/// Open main databases by the filename pointer SQLite gave their xOpen, so that the WAL's
+/// xOpen can find its database (`sqlite3_filename_database` returns that same pointer).
+static OPEN_DBS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+fn open_dbs() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
+    OPEN_DBS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 unsafe extern "C" fn x_open(
     _vfs: *mut ffi::sqlite3_vfs,
@@ -137,32 +168,90 @@ unsafe extern "C" fn x_open(
 ) -> c_int {
     let inner_vfs = INNER.load(Ordering::Acquire);
     let inner_open = (*inner_vfs).xOpen.expect("a VFS has xOpen");
-    if flags & ffi::SQLITE_OPEN_WAL == 0 {
-        // Not the WAL: the whole slot is the default VFS's file, with its own methods.
+    let is_wal = flags & ffi::SQLITE_OPEN_WAL != 0;
+    let is_main = flags & ffi::SQLITE_OPEN_MAIN_DB != 0;
+    if !is_wal && !is_main {
+        // Journals, temp files: the whole slot is the default VFS's file, with its methods.
         return inner_open(inner_vfs, name, file, flags, out_flags);
     }
     (*file).pMethods = ptr::null();
-    let inner = file
-        .cast::<u8>()
-        .add(size_of::<WalFile>())
-        .cast::<ffi::sqlite3_file>();
+    let inner = file.cast::<u8>().add(HEADER).cast::<ffi::sqlite3_file>();
     let rc = inner_open(inner_vfs, name, inner, flags, out_flags);
     if rc != ffi::SQLITE_OK {
         return rc;
     }
+    if is_main {
+        ptr::write(
+            file.cast::<DbFile>(),
+            DbFile {
+                base: ffi::sqlite3_file {
+                    pMethods: &DB_METHODS,
+                },
+                inner,
+                wal: ptr::null_mut(),
+            },
+        );
+        if !name.is_null() {
+            open_dbs().push((name as usize, file as usize));
+        }
+        return ffi::SQLITE_OK;
+    }
+    let wal = file.cast::<WalFile>();
     ptr::write(
-        file.cast::<WalFile>(),
+        wal,
         WalFile {
             base: ffi::sqlite3_file {
                 pMethods: &WAL_METHODS,
             },
             inner,
+            db: ptr::null_mut(),
+            collect: false,
+            failed: ffi::SQLITE_OK,
             pending: Vec::new(),
             start: 0,
         },
     );
+    let db_name = if name.is_null() {
+        0
+    } else {
+        ffi::sqlite3_filename_database(name) as usize
+    };
+    let db = open_dbs()
+        .iter()
+        .find(|(n, _)| *n == db_name && db_name != 0)
+        .map_or(ptr::null_mut(), |(_, db)| *db as *mut DbFile);
+    if !db.is_null() {
+        (*db).wal = wal;
+        (*wal).db = db;
+        let characteristics = (inner_methods((*db).inner)
+            .xDeviceCharacteristics
+            .expect("a file has xDeviceCharacteristics"))((*db).inner);
+        (*wal).collect = characteristics & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE != 0;
+    }
     ffi::SQLITE_OK
 }
+
+static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 1,
+    xClose: Some(wal_close),
+    xRead: Some(wal_read),
+    xWrite: Some(wal_write),
+    xTruncate: Some(wal_truncate),
+    xSync: Some(wal_sync),
+    xFileSize: Some(wal_file_size),
+    xLock: Some(wal_lock),
+    xUnlock: Some(wal_unlock),
+    xCheckReservedLock: Some(wal_check_reserved_lock),
+    xFileControl: Some(wal_file_control),
+    xSectorSize: Some(wal_sector_size),
+    xDeviceCharacteristics: Some(wal_device_characteristics),
+    xShmMap: None,
+    xShmLock: None,
+    xShmBarrier: None,
+    xShmUnmap: None,
+    xFetch: None,
+    xUnfetch: None,
+};
 
 /// The WalFile behind `file`.
 ///
@@ -173,46 +262,54 @@ unsafe fn wal<'a>(file: *mut ffi::sqlite3_file) -> &'a mut WalFile {
     &mut *file.cast::<WalFile>()
 }
 
-unsafe fn inner_methods(wal: &WalFile) -> &ffi::sqlite3_io_methods {
-    &*(*wal.inner).pMethods
+unsafe fn inner_methods<'a>(inner: *mut ffi::sqlite3_file) -> &'a ffi::sqlite3_io_methods {
+    &*(*inner).pMethods
 }
 
-/// Hands the collected bytes on, in as few writes as the default VFS takes. They are dropped
-/// even if a write fails: SQLite then fails the transaction, and the frames mean nothing.
+/// Hands the collected bytes on, in as few writes as the default VFS takes. A failure is kept
+/// in `failed` (see there).
 unsafe fn flush(wal: &mut WalFile) -> c_int {
-    let write = inner_methods(wal).xWrite.expect("a file has xWrite");
-    let mut rc = ffi::SQLITE_OK;
+    if wal.failed != ffi::SQLITE_OK {
+        return wal.failed;
+    }
+    let write = inner_methods(wal.inner).xWrite.expect("a file has xWrite");
     let mut offset = wal.start;
     for chunk in wal.pending.chunks(MAX_WRITE) {
-        rc = write(
+        let rc = write(
             wal.inner,
             chunk.as_ptr().cast::<c_void>(),
             chunk.len() as c_int,
             offset,
         );
         if rc != ffi::SQLITE_OK {
+            wal.failed = rc;
             break;
         }
         offset += chunk.len() as i64;
     }
     wal.pending.clear();
+    wal.failed
+}
+
+/// Drops what is collected, and a kept failure: the transaction they belonged to is over.
+fn discard(wal: &mut WalFile) {
+    wal.pending.clear();
+    wal.failed = ffi::SQLITE_OK;
+}
+
+unsafe extern "C" fn wal_close(file: *mut ffi::sqlite3_file) -> c_int {
+    let wal = wal(file);
+    // Anything still collected did not commit (a commit syncs, which hands it on).
+    discard(wal);
+    if !wal.db.is_null() {
+        (*wal.db).wal = ptr::null_mut();
+    }
+    let rc = (inner_methods(wal.inner).xClose.expect("a file has xClose"))(wal.inner);
+    ptr::drop_in_place(&mut wal.pending);
     rc
 }
 
-unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
-    let wal = wal(file);
-    let flushed = flush(wal);
-    let close = inner_methods(wal).xClose.expect("a file has xClose");
-    let closed = close(wal.inner);
-    ptr::drop_in_place(&mut wal.pending);
-    if flushed != ffi::SQLITE_OK {
-        flushed
-    } else {
-        closed
-    }
-}
-
-unsafe extern "C" fn x_read(
+unsafe extern "C" fn wal_read(
     file: *mut ffi::sqlite3_file,
     buf: *mut c_void,
     amount: c_int,
@@ -223,16 +320,24 @@ unsafe extern "C" fn x_read(
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    (inner_methods(wal).xRead.expect("a file has xRead"))(wal.inner, buf, amount, offset)
+    (inner_methods(wal.inner).xRead.expect("a file has xRead"))(wal.inner, buf, amount, offset)
 }
 
-unsafe extern "C" fn x_write(
+unsafe extern "C" fn wal_write(
     file: *mut ffi::sqlite3_file,
     data: *const c_void,
     amount: c_int,
     offset: i64,
 ) -> c_int {
     let wal = wal(file);
+    if !wal.collect {
+        return (inner_methods(wal.inner).xWrite.expect("a file has xWrite"))(
+            wal.inner, data, amount, offset,
+        );
+    }
+    if wal.failed != ffi::SQLITE_OK {
+        return wal.failed;
+    }
     let data = std::slice::from_raw_parts(data.cast::<u8>(), amount as usize);
     let end = wal.start + wal.pending.len() as i64;
     if !wal.pending.is_empty() && offset >= wal.start && offset + i64::from(amount) <= end {
@@ -255,51 +360,60 @@ unsafe extern "C" fn x_write(
     ffi::SQLITE_OK
 }
 
-unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
+unsafe extern "C" fn wal_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
     let wal = wal(file);
     let rc = flush(wal);
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    (inner_methods(wal).xTruncate.expect("a file has xTruncate"))(wal.inner, size)
+    (inner_methods(wal.inner)
+        .xTruncate
+        .expect("a file has xTruncate"))(wal.inner, size)
 }
 
-unsafe extern "C" fn x_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+unsafe extern "C" fn wal_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     let wal = wal(file);
     let rc = flush(wal);
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    (inner_methods(wal).xSync.expect("a file has xSync"))(wal.inner, flags)
+    (inner_methods(wal.inner).xSync.expect("a file has xSync"))(wal.inner, flags)
 }
 
-unsafe extern "C" fn x_file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
+unsafe extern "C" fn wal_file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
     let wal = wal(file);
     let rc = flush(wal);
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    (inner_methods(wal).xFileSize.expect("a file has xFileSize"))(wal.inner, size)
+    (inner_methods(wal.inner)
+        .xFileSize
+        .expect("a file has xFileSize"))(wal.inner, size)
 }
 
-unsafe extern "C" fn x_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+unsafe extern "C" fn wal_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     let wal = wal(file);
-    (inner_methods(wal).xLock.expect("a file has xLock"))(wal.inner, level)
+    (inner_methods(wal.inner).xLock.expect("a file has xLock"))(wal.inner, level)
 }
 
-unsafe extern "C" fn x_unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+unsafe extern "C" fn wal_unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     let wal = wal(file);
-    (inner_methods(wal).xUnlock.expect("a file has xUnlock"))(wal.inner, level)
+    (inner_methods(wal.inner)
+        .xUnlock
+        .expect("a file has xUnlock"))(wal.inner, level)
 }
 
-unsafe extern "C" fn x_check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
+unsafe extern "C" fn wal_check_reserved_lock(
+    file: *mut ffi::sqlite3_file,
+    out: *mut c_int,
+) -> c_int {
     let wal = wal(file);
-    (inner_methods(wal)
+    (inner_methods(wal.inner)
         .xCheckReservedLock
         .expect("a file has xCheckReservedLock"))(wal.inner, out)
 }
 
-unsafe extern "C" fn x_file_control(
+unsafe extern "C" fn wal_file_control(
     file: *mut ffi::sqlite3_file,
     op: c_int,
     arg: *mut c_void,
@@ -309,21 +423,212 @@ unsafe extern "C" fn x_file_control(
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    (inner_methods(wal)
+    (inner_methods(wal.inner)
         .xFileControl
         .expect("a file has xFileControl"))(wal.inner, op, arg)
 }
 
-unsafe extern "C" fn x_sector_size(file: *mut ffi::sqlite3_file) -> c_int {
+unsafe extern "C" fn wal_sector_size(file: *mut ffi::sqlite3_file) -> c_int {
     let wal = wal(file);
-    (inner_methods(wal)
+    (inner_methods(wal.inner)
         .xSectorSize
         .expect("a file has xSectorSize"))(wal.inner)
 }
 
-unsafe extern "C" fn x_device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
+unsafe extern "C" fn wal_device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
     let wal = wal(file);
-    (inner_methods(wal)
+    (inner_methods(wal.inner)
         .xDeviceCharacteristics
         .expect("a file has xDeviceCharacteristics"))(wal.inner)
+}
+
+/// The main database: every method is the default VFS's, but `xShmLock` also drops what the
+/// WAL has collected when the WAL write lock is released, and `xClose` unlinks the WAL.
+static DB_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 3,
+    xClose: Some(db_close),
+    xRead: Some(db_read),
+    xWrite: Some(db_write),
+    xTruncate: Some(db_truncate),
+    xSync: Some(db_sync),
+    xFileSize: Some(db_file_size),
+    xLock: Some(db_lock),
+    xUnlock: Some(db_unlock),
+    xCheckReservedLock: Some(db_check_reserved_lock),
+    xFileControl: Some(db_file_control),
+    xSectorSize: Some(db_sector_size),
+    xDeviceCharacteristics: Some(db_device_characteristics),
+    xShmMap: Some(db_shm_map),
+    xShmLock: Some(db_shm_lock),
+    xShmBarrier: Some(db_shm_barrier),
+    xShmUnmap: Some(db_shm_unmap),
+    xFetch: Some(db_fetch),
+    xUnfetch: Some(db_unfetch),
+};
+
+/// The default VFS's file behind a main database opened by [`x_open`].
+///
+/// # Safety
+/// `file` must have `DB_METHODS`, and be used from one thread at a time (SQLite's rule).
+unsafe fn db<'a>(file: *mut ffi::sqlite3_file) -> &'a mut DbFile {
+    &mut *file.cast::<DbFile>()
+}
+
+/// Calls the default VFS's method `$method` on the file behind `$file` with `$args`; a method
+/// the default VFS lacks (an older io_methods version) answers `$missing`.
+macro_rules! forward {
+    ($file:expr, $method:ident, $missing:expr $(, $arg:expr)*) => {{
+        let inner = db($file).inner;
+        match inner_methods(inner).$method {
+            Some(method) => method(inner $(, $arg)*),
+            None => $missing,
+        }
+    }};
+}
+
+unsafe extern "C" fn db_close(file: *mut ffi::sqlite3_file) -> c_int {
+    let db = db(file);
+    open_dbs().retain(|(_, f)| *f != file as usize);
+    if !db.wal.is_null() {
+        (*db.wal).db = ptr::null_mut();
+        db.wal = ptr::null_mut();
+    }
+    forward!(file, xClose, ffi::SQLITE_OK)
+}
+
+unsafe extern "C" fn db_read(
+    file: *mut ffi::sqlite3_file,
+    buf: *mut c_void,
+    amount: c_int,
+    offset: i64,
+) -> c_int {
+    forward!(file, xRead, ffi::SQLITE_IOERR_READ, buf, amount, offset)
+}
+
+unsafe extern "C" fn db_write(
+    file: *mut ffi::sqlite3_file,
+    data: *const c_void,
+    amount: c_int,
+    offset: i64,
+) -> c_int {
+    forward!(file, xWrite, ffi::SQLITE_IOERR_WRITE, data, amount, offset)
+}
+
+unsafe extern "C" fn db_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
+    forward!(file, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, size)
+}
+
+unsafe extern "C" fn db_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    forward!(file, xSync, ffi::SQLITE_IOERR_FSYNC, flags)
+}
+
+unsafe extern "C" fn db_file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
+    forward!(file, xFileSize, ffi::SQLITE_IOERR_FSTAT, size)
+}
+
+unsafe extern "C" fn db_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    forward!(file, xLock, ffi::SQLITE_IOERR_LOCK, level)
+}
+
+unsafe extern "C" fn db_unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    forward!(file, xUnlock, ffi::SQLITE_IOERR_UNLOCK, level)
+}
+
+unsafe extern "C" fn db_check_reserved_lock(
+    file: *mut ffi::sqlite3_file,
+    out: *mut c_int,
+) -> c_int {
+    forward!(
+        file,
+        xCheckReservedLock,
+        ffi::SQLITE_IOERR_CHECKRESERVEDLOCK,
+        out
+    )
+}
+
+unsafe extern "C" fn db_file_control(
+    file: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    forward!(file, xFileControl, ffi::SQLITE_NOTFOUND, op, arg)
+}
+
+unsafe extern "C" fn db_sector_size(file: *mut ffi::sqlite3_file) -> c_int {
+    forward!(file, xSectorSize, 4096)
+}
+
+unsafe extern "C" fn db_device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
+    forward!(file, xDeviceCharacteristics, 0)
+}
+
+unsafe extern "C" fn db_shm_map(
+    file: *mut ffi::sqlite3_file,
+    page: c_int,
+    page_size: c_int,
+    extend: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    forward!(
+        file,
+        xShmMap,
+        ffi::SQLITE_IOERR_SHMMAP,
+        page,
+        page_size,
+        extend,
+        out
+    )
+}
+
+unsafe extern "C" fn db_shm_lock(
+    file: *mut ffi::sqlite3_file,
+    offset: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    let releases_write_lock = flags & ffi::SQLITE_SHM_UNLOCK != 0
+        && flags & ffi::SQLITE_SHM_EXCLUSIVE != 0
+        && offset <= WAL_WRITE_LOCK
+        && offset + n > WAL_WRITE_LOCK;
+    let wal = db(file).wal;
+    if releases_write_lock && !wal.is_null() {
+        // Before anyone else can write: see the module docs.
+        discard(&mut *wal);
+    }
+    forward!(file, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, offset, n, flags)
+}
+
+unsafe extern "C" fn db_shm_barrier(file: *mut ffi::sqlite3_file) {
+    forward!(file, xShmBarrier, ())
+}
+
+unsafe extern "C" fn db_shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
+    forward!(file, xShmUnmap, ffi::SQLITE_OK, delete)
+}
+
+unsafe extern "C" fn db_fetch(
+    file: *mut ffi::sqlite3_file,
+    offset: i64,
+    amount: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    forward!(
+        file,
+        xFetch,
+        {
+            *out = ptr::null_mut();
+            ffi::SQLITE_OK
+        },
+        offset,
+        amount,
+        out
+    )
+}
+
+unsafe extern "C" fn db_unfetch(
+    file: *mut ffi::sqlite3_file,
+    offset: i64,
+    page: *mut c_void,
+) -> c_int {
+    forward!(file, xUnfetch, ffi::SQLITE_OK, offset, page)
 }
