@@ -223,3 +223,64 @@ fn commit_rows_blob(conn: &Connection, first: i64, rows: i64) {
     }
     conn.execute_batch("COMMIT").unwrap();
 }
+
+/// The same, when the rolled-back transaction ran under `locking_mode=EXCLUSIVE` (which takes
+/// no shared-memory locks) and the connection then returns to normal locking.
+#[test]
+fn frames_rolled_back_in_exclusive_mode_never_overwrite_a_later_commit() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sekali.db");
+    let writer = open_for_writing(&db, Duration::from_secs(5)).unwrap();
+    writer
+        .execute_batch("CREATE TABLE scratch (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
+        .unwrap();
+    commit_rows_blob(&writer, 0, 5000);
+    writer
+        .query_row("PRAGMA wal_checkpoint", [], |_| Ok(()))
+        .unwrap();
+    writer.pragma_update(None, "cache_size", 20).unwrap();
+    writer
+        .execute_batch("PRAGMA locking_mode=EXCLUSIVE")
+        .unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+    writer
+        .execute("DELETE FROM scratch WHERE id < 300", [])
+        .unwrap();
+    writer.execute_batch("ROLLBACK").unwrap();
+    writer.execute_batch("PRAGMA locking_mode=NORMAL").unwrap();
+    // An empty write transaction: its end takes the WAL out of exclusive mode.
+    writer.execute_batch("BEGIN IMMEDIATE; ROLLBACK").unwrap();
+
+    let other = Connection::open(&db).unwrap();
+    other.busy_timeout(Duration::from_secs(5)).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    for id in 0..50 {
+        other
+            .execute(
+                "INSERT INTO scratch (id, body) VALUES (?1, zeroblob(3000))",
+                [1_000_000 + id],
+            )
+            .unwrap();
+    }
+    other.execute_batch("COMMIT").unwrap();
+    let seen: i64 = writer
+        .query_row("SELECT count(*) FROM scratch", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(seen, 5050);
+    drop(writer);
+
+    let fresh = Connection::open(&db).unwrap();
+    let check: String = fresh
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap_or_else(|e| e.to_string());
+    assert_eq!(check, "ok");
+    let theirs: i64 = fresh
+        .query_row(
+            "SELECT count(*) FROM scratch WHERE id >= 1000000 AND body = zeroblob(3000)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(theirs, 50);
+}

@@ -11,18 +11,20 @@
 //! - Every file but the main database and its WAL passes straight to the default VFS.
 //! - The WAL's contiguous writes are collected and handed on before anything that must see
 //!   them: `xSync` (the COMMIT's fsync), `xRead`, `xFileSize`, `xTruncate` and `xFileControl`.
-//! - The main database file is wrapped only to watch its shared-memory locks: when the
-//!   connection releases the WAL write lock, whatever is still collected is thrown away.
+//! - The main database file is wrapped only to watch its shared-memory locks: before the
+//!   connection releases the WAL write lock, whatever is still collected is handed on too.
 //!
 //! Why that is safe:
 //! - A commit is published to other connections (in the wal-index) only after its `xSync`,
 //!   and `synchronous=FULL` syncs the WAL at every commit: so every committed frame is in the
 //!   file before anyone can look for it. [`check_full_sync`] refuses any other setting.
-//! - Bytes still collected when the write lock is released belong to a transaction that did
-//!   not commit: frames SQLite wrote early because its page cache was full, then rolled back.
-//!   Handing them on later could overwrite frames that another connection has since committed
-//!   at the same offsets, so they are dropped instead. Stock SQLite leaves such frames in the
-//!   file, beyond the last commit, where nothing reads them.
+//! - Bytes still collected when the write lock is about to be released belong to a transaction
+//!   that did not commit: frames SQLite wrote early because its page cache was full, then
+//!   rolled back. Handing them on after the release could overwrite frames that another
+//!   connection has since committed at the same offsets. So they are handed on while the lock
+//!   is still held, beyond the last commit, where nothing reads them: the file ends up exactly
+//!   as stock SQLite leaves it. The same happens on the first shared-memory lock call after a
+//!   spell of `locking_mode=EXCLUSIVE`, which takes no such locks.
 //! - A collected write that fails to reach the file fails every later write and sync of the
 //!   transaction, so SQLite cannot publish a commit that is missing frames.
 //! - If the main database does not promise powersafe overwrite (then SQLite pads commits to a
@@ -30,7 +32,8 @@
 //!   the WAL is written through unchanged.
 //!
 //! A crash loses at most the collected frames of a transaction that had not committed, which
-//! SQLite's recovery ignores anyway.
+//! SQLite's recovery ignores anyway. Every database the connection writes must sync its
+//! commits: sekali ATTACHes nothing and never lowers `synchronous` after the check at open.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::size_of;
@@ -147,6 +150,8 @@ struct DbFile {
     inner: *mut ffi::sqlite3_file,
     /// The WAL opened for this database by the same connection, or null.
     wal: *mut WalFile,
+    /// This connection holds the WAL write lock (shared-memory lock 0, exclusive).
+    holds_write_lock: bool,
 }
 
 /// Open main databases by the filename pointer SQLite gave their xOpen, so that the WAL's
@@ -189,6 +194,7 @@ unsafe extern "C" fn x_open(
                 },
                 inner,
                 wal: ptr::null_mut(),
+                holds_write_lock: false,
             },
         );
         if !name.is_null() {
@@ -295,6 +301,14 @@ unsafe fn flush(wal: &mut WalFile) -> c_int {
 fn discard(wal: &mut WalFile) {
     wal.pending.clear();
     wal.failed = ffi::SQLITE_OK;
+}
+
+/// Hands on what is collected (best effort: it did not commit), then starts afresh.
+unsafe fn settle(wal: &mut WalFile) {
+    if !wal.pending.is_empty() {
+        let _ = flush(wal);
+    }
+    discard(wal);
 }
 
 unsafe extern "C" fn wal_close(file: *mut ffi::sqlite3_file) -> c_int {
@@ -586,16 +600,20 @@ unsafe extern "C" fn db_shm_lock(
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    let releases_write_lock = flags & ffi::SQLITE_SHM_UNLOCK != 0
-        && flags & ffi::SQLITE_SHM_EXCLUSIVE != 0
+    let write_lock = flags & ffi::SQLITE_SHM_EXCLUSIVE != 0
         && offset <= WAL_WRITE_LOCK
         && offset + n > WAL_WRITE_LOCK;
-    let wal = db(file).wal;
-    if releases_write_lock && !wal.is_null() {
-        // Before anyone else can write: see the module docs.
-        discard(&mut *wal);
+    let unlock = flags & ffi::SQLITE_SHM_UNLOCK != 0;
+    let (wal, holds) = (db(file).wal, db(file).holds_write_lock);
+    if !wal.is_null() && (!holds || (write_lock && unlock)) {
+        // While no one else can write the WAL yet: see the module docs.
+        settle(&mut *wal);
     }
-    forward!(file, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, offset, n, flags)
+    let rc = forward!(file, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, offset, n, flags);
+    if write_lock {
+        db(file).holds_write_lock = !unlock && rc == ffi::SQLITE_OK;
+    }
+    rc
 }
 
 unsafe extern "C" fn db_shm_barrier(file: *mut ffi::sqlite3_file) {
