@@ -185,18 +185,8 @@ async fn a_poisoned_delivery_inside_a_batch_fails_alone_and_the_rest_commit() {
     scenario.teardown();
 }
 
-/// `count` distinct Stripe deliveries built from one fixture.
 fn batch_bodies(count: usize) -> Vec<Vec<u8>> {
-    let template = String::from_utf8(fixture("stripe/payment_intent.succeeded.json")).unwrap();
-    (0..count)
-        .map(|i| {
-            template
-                .replace("evt_1QA0002succeeded000001", &format!("evt_batch_{i:02}"))
-                .replace("ord_1001", &format!("ord_batch_{i:02}"))
-                .replace("pi_3QA0001Order1001", &format!("pi_batch_{i:02}"))
-                .into_bytes()
-        })
-        .collect()
+    distinct_succeeded_bodies("batch", count)
 }
 
 #[actix_web::test]

@@ -166,19 +166,7 @@ fn frames_of_a_rolled_back_transaction_never_overwrite_another_connections_commi
             .unwrap();
         writer.execute_batch("ROLLBACK").unwrap();
 
-        // Another connection, through SQLite's default VFS, commits.
-        let other = Connection::open(&db).unwrap();
-        other.busy_timeout(Duration::from_secs(5)).unwrap();
-        other.execute_batch("BEGIN IMMEDIATE").unwrap();
-        for id in 0..50 {
-            other
-                .execute(
-                    "INSERT INTO scratch (id, body) VALUES (?1, zeroblob(3000))",
-                    [1_000_000 + id],
-                )
-                .unwrap();
-        }
-        other.execute_batch("COMMIT").unwrap();
+        other_connection_commits_50_rows(&db);
 
         // The write connection carries on, then closes.
         let seen: i64 = writer
@@ -188,27 +176,7 @@ fn frames_of_a_rolled_back_transaction_never_overwrite_another_connections_commi
         commit_rows_blob(&writer, 2_000_000, 10);
         drop(writer);
 
-        let fresh = Connection::open(&db).unwrap();
-        let check: String = fresh
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap_or_else(|e| e.to_string());
-        assert_eq!(
-            check, "ok",
-            "after deleting {rows_deleted} rows and rolling back"
-        );
-        let theirs: i64 = fresh
-            .query_row(
-                "SELECT count(*) FROM scratch WHERE id >= 1000000 AND id < 2000000
-                     AND body = zeroblob(3000)",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        assert_eq!(theirs, 50, "the other connection's rows are intact");
-        let total: i64 = fresh
-            .query_row("SELECT count(*) FROM scratch", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(total, 5060);
+        assert_whole(&db, 5060);
     }
 }
 
@@ -252,7 +220,20 @@ fn frames_rolled_back_in_exclusive_mode_never_overwrite_a_later_commit() {
     // An empty write transaction: its end takes the WAL out of exclusive mode.
     writer.execute_batch("BEGIN IMMEDIATE; ROLLBACK").unwrap();
 
-    let other = Connection::open(&db).unwrap();
+    other_connection_commits_50_rows(&db);
+    let seen: i64 = writer
+        .query_row("SELECT count(*) FROM scratch", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(seen, 5050);
+    drop(writer);
+
+    assert_whole(&db, 5050);
+}
+
+/// Another connection, through SQLite's default VFS (as the outbox relay or a `sqlite3` shell
+/// would be), commits 50 rows with ids from 1,000,000.
+fn other_connection_commits_50_rows(db: &std::path::Path) {
+    let other = Connection::open(db).unwrap();
     other.busy_timeout(Duration::from_secs(5)).unwrap();
     other.execute_batch("BEGIN IMMEDIATE").unwrap();
     for id in 0..50 {
@@ -264,23 +245,27 @@ fn frames_rolled_back_in_exclusive_mode_never_overwrite_a_later_commit() {
             .unwrap();
     }
     other.execute_batch("COMMIT").unwrap();
-    let seen: i64 = writer
-        .query_row("SELECT count(*) FROM scratch", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(seen, 5050);
-    drop(writer);
+}
 
-    let fresh = Connection::open(&db).unwrap();
+/// A fresh plain connection finds the file whole, `total` rows, and the other connection's 50
+/// rows intact.
+fn assert_whole(db: &std::path::Path, total: i64) {
+    let fresh = Connection::open(db).unwrap();
     let check: String = fresh
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap_or_else(|e| e.to_string());
     assert_eq!(check, "ok");
     let theirs: i64 = fresh
         .query_row(
-            "SELECT count(*) FROM scratch WHERE id >= 1000000 AND body = zeroblob(3000)",
+            "SELECT count(*) FROM scratch WHERE id >= 1000000 AND id < 2000000
+                 AND body = zeroblob(3000)",
             [],
             |r| r.get(0),
         )
         .unwrap();
-    assert_eq!(theirs, 50);
+    assert_eq!(theirs, 50, "the other connection's rows are intact");
+    let rows: i64 = fresh
+        .query_row("SELECT count(*) FROM scratch", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, total);
 }

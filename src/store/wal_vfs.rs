@@ -237,6 +237,18 @@ unsafe extern "C" fn x_open(
     ffi::SQLITE_OK
 }
 
+/// Calls the default VFS's method `$method` on its file `$inner` with `$args`; a method the
+/// default VFS lacks (an older io_methods version) answers `$missing`.
+macro_rules! call_inner {
+    ($inner:expr, $method:ident, $missing:expr $(, $arg:expr)*) => {{
+        let inner = $inner;
+        match inner_methods(inner).$method {
+            Some(method) => method(inner $(, $arg)*),
+            None => $missing,
+        }
+    }};
+}
+
 static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     iVersion: 1,
     xClose: Some(wal_close),
@@ -318,7 +330,7 @@ unsafe extern "C" fn wal_close(file: *mut ffi::sqlite3_file) -> c_int {
     if !wal.db.is_null() {
         (*wal.db).wal = ptr::null_mut();
     }
-    let rc = (inner_methods(wal.inner).xClose.expect("a file has xClose"))(wal.inner);
+    let rc = call_inner!(wal.inner, xClose, ffi::SQLITE_OK);
     ptr::drop_in_place(&mut wal.pending);
     rc
 }
@@ -334,7 +346,14 @@ unsafe extern "C" fn wal_read(
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    (inner_methods(wal.inner).xRead.expect("a file has xRead"))(wal.inner, buf, amount, offset)
+    call_inner!(
+        wal.inner,
+        xRead,
+        ffi::SQLITE_IOERR_READ,
+        buf,
+        amount,
+        offset
+    )
 }
 
 unsafe extern "C" fn wal_write(
@@ -345,8 +364,13 @@ unsafe extern "C" fn wal_write(
 ) -> c_int {
     let wal = wal(file);
     if !wal.collect {
-        return (inner_methods(wal.inner).xWrite.expect("a file has xWrite"))(
-            wal.inner, data, amount, offset,
+        return call_inner!(
+            wal.inner,
+            xWrite,
+            ffi::SQLITE_IOERR_WRITE,
+            data,
+            amount,
+            offset
         );
     }
     if wal.failed != ffi::SQLITE_OK {
@@ -380,9 +404,7 @@ unsafe extern "C" fn wal_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    (inner_methods(wal.inner)
-        .xTruncate
-        .expect("a file has xTruncate"))(wal.inner, size)
+    call_inner!(wal.inner, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, size)
 }
 
 unsafe extern "C" fn wal_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
@@ -391,7 +413,7 @@ unsafe extern "C" fn wal_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_i
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    (inner_methods(wal.inner).xSync.expect("a file has xSync"))(wal.inner, flags)
+    call_inner!(wal.inner, xSync, ffi::SQLITE_IOERR_FSYNC, flags)
 }
 
 unsafe extern "C" fn wal_file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
@@ -400,21 +422,17 @@ unsafe extern "C" fn wal_file_size(file: *mut ffi::sqlite3_file, size: *mut i64)
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    (inner_methods(wal.inner)
-        .xFileSize
-        .expect("a file has xFileSize"))(wal.inner, size)
+    call_inner!(wal.inner, xFileSize, ffi::SQLITE_IOERR_FSTAT, size)
 }
 
 unsafe extern "C" fn wal_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     let wal = wal(file);
-    (inner_methods(wal.inner).xLock.expect("a file has xLock"))(wal.inner, level)
+    call_inner!(wal.inner, xLock, ffi::SQLITE_IOERR_LOCK, level)
 }
 
 unsafe extern "C" fn wal_unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     let wal = wal(file);
-    (inner_methods(wal.inner)
-        .xUnlock
-        .expect("a file has xUnlock"))(wal.inner, level)
+    call_inner!(wal.inner, xUnlock, ffi::SQLITE_IOERR_UNLOCK, level)
 }
 
 unsafe extern "C" fn wal_check_reserved_lock(
@@ -422,9 +440,12 @@ unsafe extern "C" fn wal_check_reserved_lock(
     out: *mut c_int,
 ) -> c_int {
     let wal = wal(file);
-    (inner_methods(wal.inner)
-        .xCheckReservedLock
-        .expect("a file has xCheckReservedLock"))(wal.inner, out)
+    call_inner!(
+        wal.inner,
+        xCheckReservedLock,
+        ffi::SQLITE_IOERR_CHECKRESERVEDLOCK,
+        out
+    )
 }
 
 unsafe extern "C" fn wal_file_control(
@@ -437,23 +458,17 @@ unsafe extern "C" fn wal_file_control(
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    (inner_methods(wal.inner)
-        .xFileControl
-        .expect("a file has xFileControl"))(wal.inner, op, arg)
+    call_inner!(wal.inner, xFileControl, ffi::SQLITE_NOTFOUND, op, arg)
 }
 
 unsafe extern "C" fn wal_sector_size(file: *mut ffi::sqlite3_file) -> c_int {
     let wal = wal(file);
-    (inner_methods(wal.inner)
-        .xSectorSize
-        .expect("a file has xSectorSize"))(wal.inner)
+    call_inner!(wal.inner, xSectorSize, 4096)
 }
 
 unsafe extern "C" fn wal_device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
     let wal = wal(file);
-    (inner_methods(wal.inner)
-        .xDeviceCharacteristics
-        .expect("a file has xDeviceCharacteristics"))(wal.inner)
+    call_inner!(wal.inner, xDeviceCharacteristics, 0)
 }
 
 /// The main database: every method is the default VFS's, but `xShmLock` also drops what the
@@ -488,16 +503,11 @@ unsafe fn db<'a>(file: *mut ffi::sqlite3_file) -> &'a mut DbFile {
     &mut *file.cast::<DbFile>()
 }
 
-/// Calls the default VFS's method `$method` on the file behind `$file` with `$args`; a method
-/// the default VFS lacks (an older io_methods version) answers `$missing`.
+/// Calls the default VFS's method `$method` on the main database file behind `$file`.
 macro_rules! forward {
-    ($file:expr, $method:ident, $missing:expr $(, $arg:expr)*) => {{
-        let inner = db($file).inner;
-        match inner_methods(inner).$method {
-            Some(method) => method(inner $(, $arg)*),
-            None => $missing,
-        }
-    }};
+    ($file:expr, $method:ident, $missing:expr $(, $arg:expr)*) => {
+        call_inner!(db($file).inner, $method, $missing $(, $arg)*)
+    };
 }
 
 unsafe extern "C" fn db_close(file: *mut ffi::sqlite3_file) -> c_int {

@@ -374,16 +374,7 @@ fn commit_batch(
         };
         done.push(Done::Delivery(reply, Ok(outcome)));
     }
-    for RecordJob { work, span } in rest {
-        let (finished, broken) = span.in_scope(|| run_work(&mut db, work, now_unix, retention));
-        done.push(finished);
-        if let Some(broken) = broken {
-            drop(db);
-            return abandon(conn, done, broken);
-        }
-    }
-    drop(db);
-    commit_and_answer(conn, done)
+    finish_in_savepoints(conn, db, rest, done, now_unix, retention)
 }
 
 /// The optimistic pass of [`commit_batch`] failed at `records[failed]` with `error`: roll back,
@@ -452,9 +443,28 @@ fn commit_with_savepoints(
         records.into_iter().for_each(|job| job.work.fail());
         return reopen;
     }
-    let mut done: Vec<Done> = Vec::with_capacity(records.len());
-    let mut db = Statements::new(conn);
-    for RecordJob { work, span } in records {
+    let done = Vec::with_capacity(records.len());
+    finish_in_savepoints(
+        conn,
+        Statements::new(conn),
+        records,
+        done,
+        now_unix,
+        retention,
+    )
+}
+
+/// Runs each of `jobs` in its own savepoint, after the work already `done` in the open
+/// transaction, then commits and answers everything. Returns what [`commit_batch`] returns.
+fn finish_in_savepoints(
+    conn: &Connection,
+    mut db: Statements<'_>,
+    jobs: impl IntoIterator<Item = RecordJob>,
+    mut done: Vec<Done>,
+    now_unix: i64,
+    retention: &Retention,
+) -> bool {
+    for RecordJob { work, span } in jobs {
         let (finished, broken) = span.in_scope(|| run_work(&mut db, work, now_unix, retention));
         done.push(finished);
         if let Some(broken) = broken {

@@ -66,6 +66,21 @@ pub fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
+/// `count` distinct Stripe `payment_intent.succeeded` deliveries, each for its own order:
+/// event, order and PaymentIntent ids carry `tag` and the index.
+pub fn distinct_succeeded_bodies(tag: &str, count: usize) -> Vec<Vec<u8>> {
+    let template = String::from_utf8(fixture("stripe/payment_intent.succeeded.json")).unwrap();
+    (0..count)
+        .map(|i| {
+            template
+                .replace("evt_1QA0002succeeded000001", &format!("evt_{tag}_{i:02}"))
+                .replace("ord_1001", &format!("ord_{tag}_{i:02}"))
+                .replace("pi_3QA0001Order1001", &format!("pi_{tag}_{i:02}"))
+                .into_bytes()
+        })
+        .collect()
+}
+
 pub fn stripe_header(body: &[u8], timestamp: i64) -> String {
     stripe::signature_header(&[STRIPE_SECRET], timestamp, body)
 }

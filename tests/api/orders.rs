@@ -528,16 +528,7 @@ async fn api_requests_batched_with_webhook_deliveries_are_all_answered_and_commi
     // them together.
     let locker = rusqlite::Connection::open(&app.db_path).unwrap();
     locker.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let template = String::from_utf8(fixture("stripe/payment_intent.succeeded.json")).unwrap();
-    let bodies: Vec<Vec<u8>> = (0..10)
-        .map(|i| {
-            template
-                .replace("evt_1QA0002succeeded000001", &format!("evt_mixed_{i:02}"))
-                .replace("ord_1001", &format!("ord_mixed_{i:02}"))
-                .replace("pi_3QA0001Order1001", &format!("pi_mixed_{i:02}"))
-                .into_bytes()
-        })
-        .collect();
+    let bodies = distinct_succeeded_bodies("mixed", 10);
     let deliveries = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
     let api_bodies: Vec<String> = (0..5)
         .map(|i| {
