@@ -141,9 +141,9 @@ pub fn read_pool(path: &Path, size: u32, busy_timeout: Duration) -> Result<ReadP
 #[cfg(test)]
 mod tests {
     /// The bundled SQLite was built with the options in `.cargo/config.toml` (a build that
-    /// missed them would still be correct, only slower: see the writer's connection).
+    /// missed them would still be correct, only slower).
     #[test]
-    fn bundled_sqlite_has_the_configured_journal_spill() {
+    fn bundled_sqlite_has_the_configured_options() {
         let conn = rusqlite::Connection::open_in_memory().unwrap();
         let options: Vec<String> = conn
             .prepare("PRAGMA compile_options")
@@ -154,6 +154,16 @@ mod tests {
             .unwrap();
         assert!(
             options.iter().any(|o| o == "STMTJRNL_SPILL=262144"),
+            "{options:?}"
+        );
+        // No memory statistics and no memory management: each took a global mutex on the
+        // writer's hot path.
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+        assert!(
+            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
             "{options:?}"
         );
     }

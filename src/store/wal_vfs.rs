@@ -164,6 +164,18 @@ fn open_dbs() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Calls the default VFS's method `$method` on its file `$inner` with `$args`; a method the
+/// default VFS lacks (an older io_methods version) answers `$missing`.
+macro_rules! call_inner {
+    ($inner:expr, $method:ident, $missing:expr $(, $arg:expr)*) => {{
+        let inner = $inner;
+        match inner_methods(inner).$method {
+            Some(method) => method(inner $(, $arg)*),
+            None => $missing,
+        }
+    }};
+}
+
 unsafe extern "C" fn x_open(
     _vfs: *mut ffi::sqlite3_vfs,
     name: *const c_char,
@@ -229,24 +241,10 @@ unsafe extern "C" fn x_open(
     if !db.is_null() {
         (*db).wal = wal;
         (*wal).db = db;
-        let characteristics = (inner_methods((*db).inner)
-            .xDeviceCharacteristics
-            .expect("a file has xDeviceCharacteristics"))((*db).inner);
+        let characteristics = call_inner!((*db).inner, xDeviceCharacteristics, 0);
         (*wal).collect = characteristics & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE != 0;
     }
     ffi::SQLITE_OK
-}
-
-/// Calls the default VFS's method `$method` on its file `$inner` with `$args`; a method the
-/// default VFS lacks (an older io_methods version) answers `$missing`.
-macro_rules! call_inner {
-    ($inner:expr, $method:ident, $missing:expr $(, $arg:expr)*) => {{
-        let inner = $inner;
-        match inner_methods(inner).$method {
-            Some(method) => method(inner $(, $arg)*),
-            None => $missing,
-        }
-    }};
 }
 
 static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
