@@ -4,9 +4,9 @@
 #
 #   benches/breakdown.sh [ROUNDS (5)] [EVENTS (40000)] [CONNECTIONS (64)]
 #
-# Builds the committed tree (HEAD) with benches/breakdown.patch applied, in a scratch copy and
-# its own target directory (target/breakdown). The patch adds SEKALI_BREAKDOWN, read once at
-# startup; unset, the build behaves as sekali does:
+# Builds the committed tree (HEAD) with its benches/breakdown.patch applied, in a scratch copy
+# under target/breakdown (its own target directory too). The patch adds SEKALI_BREAKDOWN, read
+# once at startup; unset, the build behaves as sekali does:
 #   full            everything sekali does (the patch not engaged)
 #   claim-only      the dedupe claim (processed_events row with its payload), durable group
 #                   commit; no order, transition, PaymentIntent link or email
@@ -16,51 +16,77 @@
 #                   transaction, answer
 # These modes exist only in the patched scratch build, never in the shipped binary.
 #
-# Each run gets a fresh database and server; the load is the patched build's own `sekali bench`
-# (20 % racing redeliveries). Prints every run, then the median rate and p99 of each mode.
+# Each run gets a fresh database (under target/breakdown, so on the disk the repository is on,
+# not a tmpfs) and a fresh server; the load is the patched build's own `sekali bench` (20 %
+# racing redeliveries). The order of the modes rotates from round to round, because this
+# machine's speed drifts; each mode is compared with `full` of the same round, and the summary
+# gives the median of those per-round ratios. A failed run stops the script with its logs kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
 events=${2:-40000}
 connections=${3:-64}
+case "$rounds$events$connections" in
+    *[!0-9]*) echo "usage: benches/breakdown.sh [ROUNDS] [EVENTS] [CONNECTIONS] (whole numbers)" >&2; exit 2 ;;
+esac
+[ "$rounds" -ge 1 ] || { echo "ROUNDS must be at least 1" >&2; exit 2; }
 repo=$PWD
+[ -z "$(git status --porcelain)" ] || echo "note: uncommitted changes are not measured; this builds HEAD" >&2
 
-scratch=$(mktemp -d)
+base=$repo/target/breakdown
+mkdir -p "$base"
+scratch=$(mktemp -d -p "$base" run.XXXXXX)
 server=
-cleanup() {
-    if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; fi
-    rm -rf "$scratch"
+stop_server() {
+    if [ -n "$server" ]; then
+        kill "$server" 2>/dev/null || true
+        wait "$server" 2>/dev/null || true
+        server=
+    fi
 }
-trap cleanup EXIT
+trap stop_server EXIT
 
 git archive HEAD | tar -x -C "$scratch"
-git -C "$scratch" init --quiet
-git -C "$scratch" apply "$repo/benches/breakdown.patch"
-(cd "$scratch" && cargo build --release --quiet --target-dir "$repo/target/breakdown")
-bin=$repo/target/breakdown/release/sekali
+(cd "$scratch" && git apply benches/breakdown.patch)
+(cd "$scratch" && cargo build --release --quiet --target-dir "$base")
+bin=$base/release/sekali
+echo "breakdown of $(git rev-parse --short HEAD): $rounds rounds of $events events at $connections connections"
 
 export STRIPE_WEBHOOK_SECRET=whsec_breakdown_c2VrYWxp
+modes=(full claim-only no-commit-sync no-db)
 results=$scratch/results
 for round in $(seq "$rounds"); do
-    for mode in full claim-only no-commit-sync no-db; do
-        dir=$(mktemp -d -p "$scratch")
+    for slot in 0 1 2 3; do
+        mode=${modes[$(( (slot + round - 1) % 4 ))]}
+        dir=$scratch/round$round-$mode
+        mkdir -p "$dir"
         port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
         env -u RUST_LOG SEKALI_BREAKDOWN="${mode/full/}" "$bin" serve --no-relay \
             --listen "127.0.0.1:$port" --db "$dir/b.db" 2> "$dir/server.log" &
         server=$!
         for _ in $(seq 100); do
             (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+            kill -0 "$server" 2>/dev/null || break
             sleep 0.1
         done
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            echo "round $round $mode: the server did not start; its log: $dir/server.log" >&2
+            tail -5 "$dir/server.log" >&2
+            exit 1
+        fi
         # The first line of the report is its JSON (read whole: `head -1` could cut the pipe).
-        report=$("$bin" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events "$events" \
-            --dup-ratio 0.2 --concurrency "$connections" --max-seconds 120 2>/dev/null)
+        # `sekali bench` exits non-zero when any request failed; that stops the script here.
+        if ! report=$("$bin" bench --url "http://127.0.0.1:$port/webhooks/stripe" \
+            --events "$events" --dup-ratio 0.2 --concurrency "$connections" --max-seconds 120 \
+            2> "$dir/bench.err"); then
+            echo "round $round $mode: the load generator failed; logs in $dir" >&2
+            tail -5 "$dir/bench.err" "$dir/server.log" >&2
+            exit 1
+        fi
+        stop_server
         line=${report%%$'\n'*}
-        kill "$server"
-        wait "$server" 2>/dev/null || true
-        server=
-        echo "$mode $line" >> "$results"
-        echo "$line" | python3 -c "import json,sys; d=json.load(sys.stdin); print('round $round %-15s %8.0f/s  p99 %5.2f ms  non-2xx %s  errors %d' % ('$mode', d['deliveries_per_sec'], d['p99_ms'], d['non_2xx'], d['errors']))"
+        echo "$round $mode $line" >> "$results"
+        echo "$line" | python3 -c "import json,sys; d=json.load(sys.stdin); print('round $round %-15s %8.0f/s  p99 %5.2f ms  non-2xx %s' % ('$mode', d['deliveries_per_sec'], d['p99_ms'], d['non_2xx']))"
         rm -rf "$dir"
     done
 done
@@ -69,13 +95,16 @@ python3 - "$results" <<'EOF'
 import json, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    mode, rest = line.split(" ", 1)
-    runs.setdefault(mode, []).append(json.loads(rest))
-full = statistics.median(r["deliveries_per_sec"] for r in runs["full"])
+    round_, mode, rest = line.split(" ", 2)
+    runs.setdefault(mode, {})[round_] = json.loads(rest)
+full = runs["full"]
 print()
-print("%-15s %12s %10s %12s" % ("mode", "median /s", "vs full", "median p99"))
-for mode, rs in runs.items():
-    rate = statistics.median(r["deliveries_per_sec"] for r in rs)
-    p99 = statistics.median(r["p99_ms"] for r in rs)
-    print("%-15s %12.0f %9.2fx %9.2f ms" % (mode, rate, rate / full, p99))
+print("%-15s %12s %22s %12s" % ("mode", "median /s", "median ratio to full", "median p99"))
+for mode, by_round in runs.items():
+    rate = statistics.median(r["deliveries_per_sec"] for r in by_round.values())
+    ratio = statistics.median(
+        r["deliveries_per_sec"] / full[k]["deliveries_per_sec"] for k, r in by_round.items())
+    p99 = statistics.median(r["p99_ms"] for r in by_round.values())
+    print("%-15s %12.0f %21.2fx %9.2f ms" % (mode, rate, ratio, p99))
 EOF
+rm -rf "$scratch"

@@ -85,6 +85,7 @@ fn measure(label: &str, extra: &[&str], events: usize, concurrency: usize) -> (B
         max_seconds: 300.0,
         threads: 1,
         rate: None,
+        random_ids: false,
         check_db: Some(db.clone()),
     };
     let report = run_bench(&config, &Secrets::from_values(Some(SECRET), None)).expect("bench runs");

@@ -34,6 +34,9 @@ pub struct BenchConfig {
     pub threads: usize,
     /// Requests per second across all connections; `None`: as fast as answers come.
     pub rate: Option<f64>,
+    /// Ids in no particular order instead of ascending with the event number (see
+    /// [`EventTemplate::with_random_ids`]).
+    pub random_ids: bool,
     pub check_db: Option<PathBuf>,
 }
 
@@ -51,6 +54,8 @@ pub enum BenchError {
 pub struct BenchReport {
     pub provider: String,
     pub run_id: String,
+    /// "ascending" or "random": the order of the ids (see [`EventTemplate::with_random_ids`]).
+    pub ids: &'static str,
     pub concurrency: usize,
     pub sent: usize,
     pub unique: usize,
@@ -81,11 +86,12 @@ impl BenchReport {
                 .join(", ")
         };
         let mut out = format!(
-            "provider           {}\nconcurrency        {}\nsent               {}\nunique events      {}\n\
+            "provider           {}\nids                {}\nconcurrency        {}\nsent               {}\nunique events      {}\n\
              2xx                {}\nnon-2xx            {}\nerrors             {}\nseconds            {:.2}\n\
              deliveries/s       {:.0}\nlatency p50        {:.2} ms\nlatency p90        {:.2} ms\n\
              latency p99        {:.2} ms\nlatency max        {:.2} ms\n",
             self.provider,
+            self.ids,
             self.concurrency,
             self.sent,
             self.unique,
@@ -119,12 +125,14 @@ const SIG: &str = "@@SIG@@";
 /// The events of one run, rendered once as a template (about 1.5 KB, like a real event) and
 /// completed per request by splicing in the event number: the load generator shares the cores
 /// with the server, so it should spend as little as it can. `benches/writer.rs` uses it too.
+#[derive(Debug, Clone)]
 pub struct EventTemplate {
     provider: Provider,
     run_id: String,
     /// The body split at each `@@N@@` (and, for Midtrans, `@@SIG@@` ends the second-to-last).
     pieces: Vec<String>,
     midtrans_key: Option<String>,
+    random_ids: bool,
 }
 
 impl EventTemplate {
@@ -179,12 +187,28 @@ impl EventTemplate {
             run_id: run_id.to_owned(),
             pieces: body.split(N).map(str::to_owned).collect(),
             midtrans_key,
+            random_ids: false,
         }
+    }
+
+    /// By default the `i`th event's ids (event, PaymentIntent, order) end in `i` in decimal,
+    /// so they arrive roughly in key order, as time-ordered ids do: each batch's inserts land
+    /// on a few B-tree pages. With `random`, they end in a 16-hex-digit scramble of `i` (still
+    /// one distinct id per event), so each insert lands on a page of its own, as random order
+    /// ids (UUIDv4) would: the write path then writes several times the bytes.
+    pub fn with_random_ids(mut self, random: bool) -> Self {
+        self.random_ids = random;
+        self
     }
 
     /// The body of the `i`th unique event of this run.
     pub fn render(&self, i: usize) -> Vec<u8> {
-        let n = i.to_string();
+        let n = if self.random_ids {
+            // Multiplying by an odd constant is a bijection on u64: no two events share ids.
+            format!("{:016x}", (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        } else {
+            i.to_string()
+        };
         let mut body = self.pieces.join(&n);
         if self.provider == Provider::Midtrans {
             let order_id = format!("bench_{}_{n}", self.run_id);
@@ -244,6 +268,8 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
     let target = Target::parse(&config.url)?;
     let deadline = Instant::now() + Duration::from_secs_f64(config.max_seconds);
     let threads = config.threads.max(1);
+    let template = EventTemplate::new(config.provider, &run_id, midtrans_key)
+        .with_random_ids(config.random_ids);
     let started = Instant::now();
 
     let handles: Vec<_> = (0..threads)
@@ -251,8 +277,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
             let per_thread =
                 config.concurrency / threads + usize::from(t < config.concurrency % threads);
             let (plan, next, target) = (plan.clone(), next.clone(), target.clone());
-            let (provider, run_id, midtrans_key) =
-                (config.provider, run_id.clone(), midtrans_key.clone());
+            let template = template.clone();
             let signer = match &signer {
                 Signer::Stripe(s) => Signer::Stripe(s.clone()),
                 Signer::Midtrans => Signer::Midtrans,
@@ -260,16 +285,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
             let rate = config.rate.map(|r| r / threads as f64);
             std::thread::spawn(move || {
                 actix_web::rt::System::new().block_on(client_loop(
-                    per_thread,
-                    plan,
-                    next,
-                    target,
-                    provider,
-                    run_id,
-                    midtrans_key,
-                    signer,
-                    deadline,
-                    rate,
+                    per_thread, plan, next, target, template, signer, deadline, rate,
                 ))
             })
         })
@@ -301,6 +317,11 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
     let mut report = BenchReport {
         provider: config.provider.to_string(),
         run_id: run_id.clone(),
+        ids: if config.random_ids {
+            "random"
+        } else {
+            "ascending"
+        },
         concurrency: config.concurrency,
         sent,
         unique: unique_sent,
@@ -403,16 +424,14 @@ async fn client_loop(
     plan: Arc<Vec<usize>>,
     next: Arc<AtomicUsize>,
     target: Target,
-    provider: Provider,
-    run_id: String,
-    midtrans_key: Option<String>,
+    template: EventTemplate,
     signer: Signer,
     deadline: Instant,
     rate: Option<f64>,
 ) -> ThreadOutcome {
     let signer = Rc::new(signer);
     let target = Rc::new(target);
-    let template = Rc::new(EventTemplate::new(provider, &run_id, midtrans_key));
+    let template = Rc::new(template);
     let interval = rate.map(|r| Duration::from_secs_f64(connections as f64 / r.max(0.001)));
     // A request still unanswered this long after the deadline counts as an error.
     let give_up = tokio::time::Instant::from_std(deadline + Duration::from_secs(30));

@@ -229,6 +229,11 @@ pub struct BenchArgs {
     /// Requests per second across all connections (default: as fast as answers come).
     #[arg(long)]
     pub rate: Option<f64>,
+    /// Give events, PaymentIntents and orders ids in random order instead of ascending, as a
+    /// shop with random (UUIDv4) order ids would see: several times the bytes written per
+    /// delivery (see the README's Performance section).
+    #[arg(long)]
+    pub random_ids: bool,
     /// Afterwards, check in this database file that every unique event has exactly one row and
     /// one effect.
     #[arg(long)]
@@ -397,6 +402,7 @@ fn bench(args: BenchArgs) -> ExitCode {
         max_seconds: args.max_seconds,
         threads: args.threads.max(1),
         rate: args.rate,
+        random_ids: args.random_ids,
         check_db: args.check_db,
     };
     let secrets = match Secrets::from_env() {

@@ -211,6 +211,63 @@ async fn bench_sends_signed_deliveries_with_racing_redeliveries_and_checks_the_d
 }
 
 #[actix_web::test]
+async fn bench_with_random_ids_sends_distinct_ids_out_of_key_order() {
+    let app = spawn_app().await;
+    let output = bench_binary(
+        &app,
+        "stripe",
+        ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+        &["--events", "200", "--concurrency", "1", "--random-ids"],
+    )
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(report["ids"], "random");
+    assert_eq!(
+        report["check_db"], "ok",
+        "one row and one effect per event: {stdout}"
+    );
+    assert_eq!(
+        app.count("SELECT count(DISTINCT order_id) FROM orders"),
+        200
+    );
+    // One connection sends the events in order; with ascending ids the orders' keys would
+    // mostly follow arrival (rowid) order. Count how often the next arrival sorts lower.
+    let descents = app.count(
+        "SELECT count(*) FROM processed_events a JOIN processed_events b ON b.rowid = a.rowid + 1
+         WHERE b.event_id < a.event_id",
+    );
+    assert!(
+        (50..150).contains(&descents),
+        "random order: about half of 199 neighbours descend, got {descents}"
+    );
+}
+
+#[actix_web::test]
+async fn bench_ids_ascend_with_arrival_by_default() {
+    let app = spawn_app().await;
+    let output = bench_binary(
+        &app,
+        "stripe",
+        ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+        &["--events", "200", "--concurrency", "1"],
+    )
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(report["ids"], "ascending");
+    // Decimal numbers fall out of text order only where the digit count grows (9 -> 10,
+    // 99 -> 100): two descents in 199, not half.
+    let descents = app.count(
+        "SELECT count(*) FROM processed_events a JOIN processed_events b ON b.rowid = a.rowid + 1
+         WHERE b.event_id < a.event_id",
+    );
+    assert!(descents < 10, "ascending ids ascend: {descents} descents");
+}
+
+#[actix_web::test]
 async fn bench_against_midtrans_signs_each_notification() {
     let app = spawn_app().await;
     let output = bench_binary(
