@@ -47,7 +47,12 @@ stop_server() {
 trap stop_server EXIT
 
 git archive HEAD | tar -x -C "$scratch"
-(cd "$scratch" && git apply benches/breakdown.patch)
+# Its own repository: inside this one (target/ is ignored here), `git apply` would skip every
+# path outside the scratch directory, which is all of them, and say nothing.
+git -C "$scratch" init --quiet
+git -C "$scratch" apply benches/breakdown.patch
+grep -q SEKALI_BREAKDOWN "$scratch/src/store/events.rs" \
+    || { echo "benches/breakdown.patch did not take; nothing measured" >&2; exit 1; }
 (cd "$scratch" && cargo build --release --quiet --target-dir "$base")
 bin=$base/release/sekali
 echo "breakdown of $(git rev-parse --short HEAD): $rounds rounds of $events events at $connections connections"
