@@ -210,6 +210,14 @@ async fn bench_sends_signed_deliveries_with_racing_redeliveries_and_checks_the_d
     assert_eq!(app.count("SELECT count(*) FROM email_outbox"), 300);
 }
 
+/// How often an event's id sorts below the id of the event that arrived just before it.
+fn arrival_descents(app: &TestApp) -> i64 {
+    app.count(
+        "SELECT count(*) FROM processed_events a JOIN processed_events b ON b.rowid = a.rowid + 1
+         WHERE b.event_id < a.event_id",
+    )
+}
+
 #[actix_web::test]
 async fn bench_with_random_ids_sends_distinct_ids_out_of_key_order() {
     let app = spawn_app().await;
@@ -234,10 +242,7 @@ async fn bench_with_random_ids_sends_distinct_ids_out_of_key_order() {
     );
     // One connection sends the events in order; with ascending ids the orders' keys would
     // mostly follow arrival (rowid) order. Count how often the next arrival sorts lower.
-    let descents = app.count(
-        "SELECT count(*) FROM processed_events a JOIN processed_events b ON b.rowid = a.rowid + 1
-         WHERE b.event_id < a.event_id",
-    );
+    let descents = arrival_descents(&app);
     assert!(
         (50..150).contains(&descents),
         "random order: about half of 199 neighbours descend, got {descents}"
@@ -260,10 +265,7 @@ async fn bench_ids_ascend_with_arrival_by_default() {
     assert_eq!(report["ids"], "ascending");
     // Decimal numbers fall out of text order only where the digit count grows (9 -> 10,
     // 99 -> 100): two descents in 199, not half.
-    let descents = app.count(
-        "SELECT count(*) FROM processed_events a JOIN processed_events b ON b.rowid = a.rowid + 1
-         WHERE b.event_id < a.event_id",
-    );
+    let descents = arrival_descents(&app);
     assert!(descents < 10, "ascending ids ascend: {descents} descents");
 }
 
