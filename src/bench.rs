@@ -125,7 +125,8 @@ const SIG: &str = "@@SIG@@";
 /// The events of one run, rendered once as a template (about 1.5 KB, like a real event) and
 /// completed per request by splicing in the event number: the load generator shares the cores
 /// with the server, so it should spend as little as it can. `benches/writer.rs` uses it too.
-#[derive(Debug, Clone)]
+/// Not `Debug`: it holds the Midtrans server key.
+#[derive(Clone)]
 pub struct EventTemplate {
     provider: Provider,
     run_id: String,
