@@ -14,6 +14,7 @@
 #                   NOT durable; shows what the commit's fsync costs the whole loop
 #   no-db           the database step removed: verify, parse, queue to the writer, empty
 #                   transaction, answer
+#   no-writer       the writer bypassed: verify, parse, answer (the "HTTP only" line)
 # These modes exist only in the patched scratch build, never in the shipped binary.
 #
 # Each run gets a fresh database (under target/breakdown, so on the disk the repository is on,
@@ -58,11 +59,11 @@ bin=$base/release/sekali
 echo "breakdown of $(git rev-parse --short HEAD): $rounds rounds of $events events at $connections connections"
 
 export STRIPE_WEBHOOK_SECRET=whsec_breakdown_c2VrYWxp
-modes=(full claim-only no-commit-sync no-db)
+modes=(full claim-only no-commit-sync no-db no-writer)
 results=$scratch/results
 for round in $(seq "$rounds"); do
-    for slot in 0 1 2 3; do
-        mode=${modes[$(( (slot + round - 1) % 4 ))]}
+    for slot in 0 1 2 3 4; do
+        mode=${modes[$(( (slot + round - 1) % 5 ))]}
         dir=$scratch/round$round-$mode
         mkdir -p "$dir"
         port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
