@@ -174,6 +174,13 @@ async fn bench_binary(
     .unwrap()
 }
 
+/// `sekali bench`'s report: its first stdout line parsed as JSON, and the whole stdout.
+fn bench_report(output: &std::process::Output) -> (serde_json::Value, String) {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let first = stdout.lines().next().expect("bench printed a report");
+    (serde_json::from_str(first).unwrap(), stdout)
+}
+
 #[actix_web::test]
 async fn bench_sends_signed_deliveries_with_racing_redeliveries_and_checks_the_database() {
     let app = spawn_app().await;
@@ -192,8 +199,7 @@ async fn bench_sends_signed_deliveries_with_racing_redeliveries_and_checks_the_d
     )
     .await;
     assert!(output.status.success(), "{output:?}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    let (report, stdout) = bench_report(&output);
     assert_eq!(
         report["sent"], 450,
         "300 unique + 150 redeliveries: {stdout}"
@@ -229,8 +235,7 @@ async fn bench_with_random_ids_sends_distinct_ids_out_of_key_order() {
     )
     .await;
     assert!(output.status.success(), "{output:?}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    let (report, stdout) = bench_report(&output);
     assert_eq!(report["ids"], "random");
     assert_eq!(
         report["check_db"], "ok",
@@ -260,8 +265,7 @@ async fn bench_ids_ascend_with_arrival_by_default() {
     )
     .await;
     assert!(output.status.success(), "{output:?}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    let (report, _) = bench_report(&output);
     assert_eq!(report["ids"], "ascending");
     // Decimal numbers fall out of text order only where the digit count grows (9 -> 10,
     // 99 -> 100): two descents in 199, not half.
@@ -322,8 +326,7 @@ async fn bench_counts_refused_connections_as_errors_and_fails() {
         .output()
         .unwrap();
     assert!(!output.status.success(), "{output:?}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    let (report, stdout) = bench_report(&output);
     assert_eq!(report["errors"], 20, "{stdout}");
     assert_eq!(report["ok_2xx"], 0);
 }
