@@ -6,6 +6,10 @@
 //! next to its original, so the two race on different connections. The report is one JSON line
 //! and a table. `--check-db` then verifies that every unique event has exactly one row and one
 //! effect.
+//!
+//! By default each connection sends its next request as soon as the previous answer arrives (a
+//! closed loop: the server's speed sets the rate). `--rate` offers a fixed rate instead, spread
+//! evenly over the connections, and times each request from when it was due (see [`Pacing`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -57,6 +61,11 @@ pub struct BenchReport {
     /// "ascending" or "random": the order of the ids (see [`EventTemplate::with_random_ids`]).
     pub ids: &'static str,
     pub concurrency: usize,
+    /// The offered rate (`--rate`), requests per second; absent when every connection sends
+    /// as soon as its previous answer arrives. When set, latencies count from when each request
+    /// was due (see [`Pacing`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
     pub sent: usize,
     pub unique: usize,
     pub ok_2xx: usize,
@@ -105,6 +114,11 @@ impl BenchReport {
             self.p99_ms,
             self.max_ms
         );
+        if let Some(rate) = self.rate {
+            out.push_str(&format!(
+                "offered rate       {rate:.0}/s (latencies count from when each request was due)\n"
+            ));
+        }
         if let Some(check) = &self.check_db {
             out.push_str(&format!("check-db           {check}\n"));
         }
@@ -272,6 +286,9 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
     let template = EventTemplate::new(config.provider, &run_id, midtrans_key)
         .with_random_ids(config.random_ids);
     let started = Instant::now();
+    let pacing = config
+        .rate
+        .map(|rate| Pacing::new(started, rate, config.concurrency));
 
     let handles: Vec<_> = (0..threads)
         .map(|t| {
@@ -283,10 +300,13 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
                 Signer::Stripe(s) => Signer::Stripe(s.clone()),
                 Signer::Midtrans => Signer::Midtrans,
             };
-            let rate = config.rate.map(|r| r / threads as f64);
+            // Connections are numbered across threads, so the paced schedule interleaves them
+            // all.
+            let first = t * (config.concurrency / threads) + t.min(config.concurrency % threads);
+            let pacing = pacing.map(|p| (p, first));
             std::thread::spawn(move || {
                 actix_web::rt::System::new().block_on(client_loop(
-                    per_thread, plan, next, target, template, signer, deadline, rate,
+                    per_thread, plan, next, target, template, signer, deadline, pacing,
                 ))
             })
         })
@@ -324,6 +344,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
             "ascending"
         },
         concurrency: config.concurrency,
+        rate: config.rate,
         sent,
         unique: unique_sent,
         ok_2xx: outcome.ok,
@@ -380,6 +401,34 @@ impl Target {
     }
 }
 
+/// `--rate`: an open schedule of send times. Each connection sends every `interval`
+/// (connections / rate), and connection `n` starts `n / rate` after the run does, so the
+/// requests of all connections arrive evenly spread rather than in bursts of one per
+/// connection. The times are absolute: a late timer or a slow answer does not shift the ones
+/// after it, so the offered rate holds.
+#[derive(Debug, Clone, Copy)]
+struct Pacing {
+    start: Instant,
+    interval: Duration,
+    step: Duration,
+}
+
+impl Pacing {
+    fn new(start: Instant, rate: f64, connections: usize) -> Self {
+        let step = Duration::from_secs_f64(1.0 / rate.max(0.001));
+        Pacing {
+            start,
+            interval: step * connections.max(1) as u32,
+            step,
+        }
+    }
+
+    /// When connection `n` (numbered across all client threads) sends its first request.
+    fn first_due(&self, n: usize) -> Instant {
+        self.start + self.step * n as u32
+    }
+}
+
 type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<actix_web::web::Bytes>>;
 
 /// One keep-alive connection. hyper's bare HTTP/1.1 connection, not a pooled client: the load
@@ -428,26 +477,36 @@ async fn client_loop(
     template: EventTemplate,
     signer: Signer,
     deadline: Instant,
-    rate: Option<f64>,
+    pacing: Option<(Pacing, usize)>,
 ) -> ThreadOutcome {
     let signer = Rc::new(signer);
     let target = Rc::new(target);
     let template = Rc::new(template);
-    let interval = rate.map(|r| Duration::from_secs_f64(connections as f64 / r.max(0.001)));
     // A request still unanswered this long after the deadline counts as an error.
     let give_up = tokio::time::Instant::from_std(deadline + Duration::from_secs(30));
-    let workers = (0..connections.max(1)).map(|_| {
+    let workers = (0..connections.max(1)).map(|i| {
         let (plan, next, signer, target) =
             (plan.clone(), next.clone(), signer.clone(), target.clone());
         let template = template.clone();
+        let mut due = pacing.map(|(pacing, first)| (pacing, pacing.first_due(first + i)));
         async move {
             let mut out = ThreadOutcome::default();
             let mut connection: Option<Sender> = None;
             let give_up = tokio::time::sleep_until(give_up);
             tokio::pin!(give_up);
             loop {
-                let tick = Instant::now();
-                if tick >= deadline {
+                // Paced: wait for this connection's next slot. `late` when the previous answer
+                // came after it: the server is behind the schedule.
+                let late = match due {
+                    Some((_, at)) if at >= deadline => break,
+                    Some((_, at)) if Instant::now() < at => {
+                        actix_web::rt::time::sleep_until(at.into()).await;
+                        None
+                    }
+                    Some((_, at)) => Some(at),
+                    None => None,
+                };
+                if Instant::now() >= deadline {
                     break;
                 }
                 let slot = next.fetch_add(1, Ordering::SeqCst);
@@ -465,7 +524,11 @@ async fn client_loop(
                 let request = request
                     .body(http_body_util::Full::new(actix_web::web::Bytes::from(body)))
                     .expect("a request built from a parsed URL");
-                let started = Instant::now();
+                // Behind schedule, a latency counts from when the request was due, so a server
+                // that cannot keep up shows its backlog instead of hiding it (no coordinated
+                // omission). On time, it counts from the send: the timer's own lateness (up to
+                // a millisecond) is the client's, not the server's.
+                let started = late.unwrap_or_else(Instant::now);
                 tokio::select! {
                     sent = send(&mut connection, &target, request) => match sent {
                         Ok(status) => {
@@ -484,11 +547,8 @@ async fn client_loop(
                         break;
                     }
                 }
-                if let Some(interval) = interval {
-                    let spent = tick.elapsed();
-                    if spent < interval {
-                        actix_web::rt::time::sleep(interval - spent).await;
-                    }
+                if let Some((pacing, at)) = &mut due {
+                    *at += pacing.interval;
                 }
             }
             out

@@ -226,7 +226,9 @@ pub struct BenchArgs {
     /// Client threads.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// Requests per second across all connections (default: as fast as answers come).
+    /// Offer this many requests per second, spread evenly over the connections, on a fixed
+    /// schedule; latencies then count from when each request was due, so a server that falls
+    /// behind shows it (default: each connection sends as soon as its previous answer arrives).
     #[arg(long)]
     pub rate: Option<f64>,
     /// Give events, PaymentIntents and orders ids in random order instead of ascending, as a
@@ -393,6 +395,11 @@ fn bench(args: BenchArgs) -> ExitCode {
             args.url
         ));
     };
+    if let Some(rate) = args.rate.filter(|r| !(r.is_finite() && *r > 0.0)) {
+        return fail(format!(
+            "--rate {rate}: give a positive number of requests per second"
+        ));
+    }
     let config = crate::bench::BenchConfig {
         url: args.url,
         provider,

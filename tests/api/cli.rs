@@ -330,3 +330,151 @@ async fn bench_counts_refused_connections_as_errors_and_fails() {
     assert_eq!(report["errors"], 20, "{stdout}");
     assert_eq!(report["ok_2xx"], 0);
 }
+
+/// A stand-in webhook endpoint for `sekali bench --rate`: answers 200 after `delay`, and records
+/// when each request arrived. Returns its base URL, the arrivals and the server's handle.
+async fn recording_endpoint(
+    delay: std::time::Duration,
+) -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<std::time::Instant>>>,
+    actix_web::dev::ServerHandle,
+) {
+    use actix_web::{web, App, HttpResponse, HttpServer};
+    let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = arrivals.clone();
+    let server = HttpServer::new(move || {
+        let recorded = recorded.clone();
+        App::new().default_service(web::to(move || {
+            recorded.lock().unwrap().push(std::time::Instant::now());
+            async move {
+                actix_web::rt::time::sleep(delay).await;
+                HttpResponse::Ok().finish()
+            }
+        }))
+    })
+    .workers(1)
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let address = format!("http://{}", server.addrs()[0]);
+    let server = server.run();
+    let handle = server.handle();
+    actix_web::rt::spawn(server);
+    (address, arrivals, handle)
+}
+
+/// Runs `sekali bench` (Stripe, no redeliveries) against `base_url` with `args`.
+async fn bench_against(base_url: &str, args: &[&str]) -> std::process::Output {
+    let url = format!("{base_url}/webhooks/stripe");
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    actix_web::rt::task::spawn_blocking(move || {
+        Command::new(sekali_bin())
+            .args([
+                "bench",
+                "--url",
+                &url,
+                "--dup-ratio",
+                "0",
+                "--events",
+                "100000",
+            ])
+            .args(&args)
+            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+#[actix_web::test]
+async fn bench_rate_offers_the_requested_rate_evenly_spread_over_the_connections() {
+    let (url, arrivals, server) = recording_endpoint(std::time::Duration::ZERO).await;
+    // 300/s over 4 connections: each sends every 13.3 ms, a period no millisecond timer hits
+    // exactly, so a client that sleeps "the rest of the period" after each answer drifts low.
+    let output = bench_against(
+        &url,
+        &[
+            "--rate",
+            "300",
+            "--concurrency",
+            "4",
+            "--max-seconds",
+            "1.5",
+        ],
+    )
+    .await;
+    server.stop(true).await;
+    assert!(output.status.success(), "{output:?}");
+    let (report, stdout) = bench_report(&output);
+    assert_eq!(report["rate"], 300.0, "{stdout}");
+    assert!(stdout.contains("offered rate"), "{stdout}");
+    let sent = report["sent"].as_u64().unwrap();
+    assert!(
+        (440..=452).contains(&sent),
+        "300/s for 1.5 s is 450 requests, got {sent}: {stdout}"
+    );
+
+    // Evenly spread: about 3.3 ms between arrivals. Connections that all send at once would
+    // put three of every four arrivals within a fraction of a millisecond of the one before.
+    let mut arrivals = arrivals.lock().unwrap().clone();
+    arrivals.sort();
+    let gaps: Vec<_> = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
+    let bunched = gaps
+        .iter()
+        .filter(|gap| **gap < std::time::Duration::from_millis(1))
+        .count();
+    assert!(
+        bunched * 4 < gaps.len(),
+        "{bunched} of {} arrivals came within 1 ms of the one before",
+        gaps.len()
+    );
+}
+
+#[actix_web::test]
+async fn bench_rate_counts_latency_from_when_a_request_was_due_when_the_server_falls_behind() {
+    // Every answer takes 100 ms, but one connection is asked for 50 requests/s (one every
+    // 20 ms): each request is sent later than it was due, by more each time.
+    let (url, _, server) = recording_endpoint(std::time::Duration::from_millis(100)).await;
+    let output = bench_against(
+        &url,
+        &["--rate", "50", "--concurrency", "1", "--max-seconds", "1"],
+    )
+    .await;
+    server.stop(true).await;
+    assert!(output.status.success(), "{output:?}");
+    let (report, stdout) = bench_report(&output);
+    let sent = report["sent"].as_u64().unwrap();
+    assert!(
+        (8..=11).contains(&sent),
+        "about one request per 100 ms answer in 1 s, got {sent}: {stdout}"
+    );
+    // The tenth request was due at 180 ms and answered near 1,000 ms. Timed from its send
+    // instead, every request would show about 100 ms and hide the backlog.
+    let max = report["max_ms"].as_f64().unwrap();
+    let p50 = report["p50_ms"].as_f64().unwrap();
+    assert!(
+        max > 500.0,
+        "the backlog shows in the latencies: max {max} ms: {stdout}"
+    );
+    assert!(p50 > 200.0, "p50 {p50} ms: {stdout}");
+}
+
+#[actix_web::test]
+async fn bench_refuses_a_rate_that_is_not_positive() {
+    for rate in ["0", "-5"] {
+        let output = Command::new(sekali_bin())
+            .args(["bench", "--url", "http://127.0.0.1:1/webhooks/stripe"])
+            .arg(format!("--rate={rate}"))
+            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("positive number of requests per second"),
+            "{rate}: {stderr}"
+        );
+        assert!(output.stdout.is_empty(), "nothing sent: {output:?}");
+    }
+}
