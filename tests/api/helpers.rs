@@ -267,6 +267,11 @@ pub struct ServeProcess {
 impl ServeProcess {
     /// Starts the binary with `env` and `RUST_LOG=rust_log`, and waits until it listens.
     pub fn start(env: &[(&str, &str)], rust_log: &str) -> Self {
+        Self::start_with(env, rust_log, &[])
+    }
+
+    /// [`ServeProcess::start`] with more `serve` arguments.
+    pub fn start_with(env: &[(&str, &str)], rust_log: &str, args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let mut command = std::process::Command::new(sekali_bin());
@@ -282,6 +287,7 @@ impl ServeProcess {
             .arg(dir.path().join("mail"))
             .arg("--db")
             .arg(dir.path().join("s.db"))
+            .args(args)
             .env_remove("STRIPE_WEBHOOK_SECRET")
             .env_remove("MIDTRANS_SERVER_KEY")
             .env("RUST_LOG", rust_log)
@@ -313,6 +319,10 @@ impl ServeProcess {
 
     pub fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn db_path(&self) -> std::path::PathBuf {
+        self._dir.path().join("s.db")
     }
 
     /// Sends SIGTERM and waits; the exit status and everything the server logged.

@@ -148,3 +148,51 @@ fn purging_a_database_that_does_not_exist_is_an_error_and_creates_nothing() {
     assert!(stderr.contains("does not exist"), "{stderr}");
     assert!(!path.exists());
 }
+
+#[test]
+fn the_served_purge_job_logs_each_pass_with_its_transactions_and_duration() {
+    let server = ServeProcess::start_with(
+        &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
+        "info",
+        &["--stripe-retention", "1s", "--purge-interval", "1s"],
+    );
+    let body = fixture("stripe/payment_intent.succeeded.json");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let status = ureq::post(&format!("{}/webhooks/stripe", server.base_url()))
+        .set("Content-Type", "application/json")
+        .set("Stripe-Signature", &stripe_header(&body, now))
+        .send_bytes(&body)
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+
+    // The id expires a second later; a pass runs every second.
+    let db = rusqlite::Connection::open(server.db_path()).unwrap();
+    let events = || -> i64 {
+        db.query_row("SELECT count(*) FROM processed_events", [], |r| r.get(0))
+            .unwrap()
+    };
+    let purged = (0..100).any(|_| {
+        events() == 0 || {
+            std::thread::sleep(Duration::from_millis(100));
+            false
+        }
+    });
+    assert!(purged, "the expired id was purged within 10 s");
+    let orders: i64 = db
+        .query_row("SELECT count(*) FROM orders", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(orders, 1, "the order is kept");
+
+    let (_, logs) = server.stop();
+    let pass = logs
+        .lines()
+        .find(|l| l.contains("purged 1 expired event ids and 0 expired idempotency keys"))
+        .unwrap_or_else(|| panic!("the pass that purged the id is logged: {logs}"));
+    assert!(pass.contains("INFO"), "{pass}");
+    assert!(pass.contains("transactions=1"), "{pass}");
+    assert!(pass.contains("seconds="), "{pass}");
+}
