@@ -9,7 +9,8 @@
 //!
 //! By default each connection sends its next request as soon as the previous answer arrives (a
 //! closed loop: the server's speed sets the rate). `--rate` offers a fixed rate instead, spread
-//! evenly over the connections, and times each request from when it was due (see [`Pacing`]).
+//! evenly over the connections; a request that goes out late is timed from when it was due
+//! (see [`Pacing`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -62,8 +63,8 @@ pub struct BenchReport {
     pub ids: &'static str,
     pub concurrency: usize,
     /// The offered rate (`--rate`), requests per second; absent when every connection sends
-    /// as soon as its previous answer arrives. When set, latencies count from when each request
-    /// was due (see [`Pacing`]).
+    /// as soon as its previous answer arrives. When set, a request that went out late is timed
+    /// from when it was due (see [`Pacing`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate: Option<f64>,
     pub sent: usize,
@@ -116,7 +117,7 @@ impl BenchReport {
         );
         if let Some(rate) = self.rate {
             out.push_str(&format!(
-                "offered rate       {rate:.0}/s (latencies count from when each request was due)\n"
+                "offered rate       {rate:.0}/s (a request sent late is timed from when it was due)\n"
             ));
         }
         if let Some(check) = &self.check_db {
@@ -282,7 +283,8 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
     let next = Arc::new(AtomicUsize::new(0));
     let target = Target::parse(&config.url)?;
     let deadline = Instant::now() + Duration::from_secs_f64(config.max_seconds);
-    let threads = config.threads.max(1);
+    // A thread without a connection of its own would still open one.
+    let threads = config.threads.clamp(1, config.concurrency.max(1));
     let template = EventTemplate::new(config.provider, &run_id, midtrans_key)
         .with_random_ids(config.random_ids);
     let started = Instant::now();
@@ -401,31 +403,34 @@ impl Target {
     }
 }
 
-/// `--rate`: an open schedule of send times. Each connection sends every `interval`
-/// (connections / rate), and connection `n` starts `n / rate` after the run does, so the
+/// `--rate`: an open schedule of send times. Connection `n` (numbered across all client threads)
+/// sends its `k`-th request at `(n + k × connections) / rate` seconds into the run, so the
 /// requests of all connections arrive evenly spread rather than in bursts of one per
 /// connection. The times are absolute: a late timer or a slow answer does not shift the ones
-/// after it, so the offered rate holds.
+/// after it, so the offered rate holds. Every request due before the deadline is sent, however
+/// late, so a server that falls behind is measured on all of them.
 #[derive(Debug, Clone, Copy)]
 struct Pacing {
     start: Instant,
-    interval: Duration,
-    step: Duration,
+    rate: f64,
+    connections: usize,
 }
 
 impl Pacing {
+    /// `rate` must be positive (the command line refuses anything else).
     fn new(start: Instant, rate: f64, connections: usize) -> Self {
-        let step = Duration::from_secs_f64(1.0 / rate.max(0.001));
         Pacing {
             start,
-            interval: step * connections.max(1) as u32,
-            step,
+            rate,
+            connections: connections.max(1),
         }
     }
 
-    /// When connection `n` (numbered across all client threads) sends its first request.
-    fn first_due(&self, n: usize) -> Instant {
-        self.start + self.step * n as u32
+    /// When connection `n` sends its `k`-th request; `None` past any representable time.
+    fn due(&self, n: usize, k: usize) -> Option<Instant> {
+        let seconds = (n as f64 + k as f64 * self.connections as f64) / self.rate;
+        self.start
+            .checked_add(Duration::try_from_secs_f64(seconds).ok()?)
     }
 }
 
@@ -488,7 +493,8 @@ async fn client_loop(
         let (plan, next, signer, target) =
             (plan.clone(), next.clone(), signer.clone(), target.clone());
         let template = template.clone();
-        let mut due = pacing.map(|(pacing, first)| (pacing, pacing.first_due(first + i)));
+        // Paced: this connection's number across all threads and its next request's index.
+        let mut schedule = pacing.map(|(pacing, first)| (pacing, first + i, 0));
         async move {
             let mut out = ThreadOutcome::default();
             let mut connection: Option<Sender> = None;
@@ -497,18 +503,17 @@ async fn client_loop(
             loop {
                 // Paced: wait for this connection's next slot. `late` when the previous answer
                 // came after it: the server is behind the schedule.
+                let due = schedule.map(|(pacing, n, k)| pacing.due(n, k).unwrap_or(deadline));
                 let late = match due {
-                    Some((_, at)) if at >= deadline => break,
-                    Some((_, at)) if Instant::now() < at => {
+                    Some(at) if at >= deadline => break,
+                    Some(at) if Instant::now() < at => {
                         actix_web::rt::time::sleep_until(at.into()).await;
                         None
                     }
-                    Some((_, at)) => Some(at),
+                    Some(at) => Some(at),
+                    None if Instant::now() >= deadline => break,
                     None => None,
                 };
-                if Instant::now() >= deadline {
-                    break;
-                }
                 let slot = next.fetch_add(1, Ordering::SeqCst);
                 let Some(&event) = plan.get(slot) else { break };
                 // Completed per request (about a microsecond) rather than kept for the whole run.
@@ -547,8 +552,8 @@ async fn client_loop(
                         break;
                     }
                 }
-                if let Some((pacing, at)) = &mut due {
-                    *at += pacing.interval;
+                if let Some((_, _, k)) = &mut schedule {
+                    *k += 1;
                 }
             }
             out

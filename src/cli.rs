@@ -227,8 +227,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Offer this many requests per second, spread evenly over the connections, on a fixed
-    /// schedule; latencies then count from when each request was due, so a server that falls
-    /// behind shows it (default: each connection sends as soon as its previous answer arrives).
+    /// schedule. A request that goes out late, because its connection was still waiting for an
+    /// answer, is timed from when it was due, so a server that falls behind shows it (default:
+    /// each connection sends as soon as its previous answer arrives).
     #[arg(long)]
     pub rate: Option<f64>,
     /// Give events, PaymentIntents and orders ids in random order instead of ascending, as a
