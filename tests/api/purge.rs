@@ -150,49 +150,66 @@ fn purging_a_database_that_does_not_exist_is_an_error_and_creates_nothing() {
 }
 
 #[test]
-fn the_served_purge_job_logs_each_pass_with_its_transactions_and_duration() {
+fn the_served_purge_job_deletes_in_transactions_of_500_and_logs_each_pass() {
     let server = ServeProcess::start_with(
         &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
         "info",
-        &["--stripe-retention", "1s", "--purge-interval", "1s"],
+        &["--stripe-retention", "1s", "--purge-interval", "4s"],
     );
-    let body = fixture("stripe/payment_intent.succeeded.json");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
-    let status = ureq::post(&format!("{}/webhooks/stripe", server.base_url()))
-        .set("Content-Type", "application/json")
-        .set("Stripe-Signature", &stripe_header(&body, now))
-        .send_bytes(&body)
-        .unwrap()
-        .status();
-    assert_eq!(status, 200);
+    // 1,200 ids that expire a second after they arrive, most likely all before the first pass.
+    let bench = Command::new(sekali_bin())
+        .args(["bench", "--url"])
+        .arg(format!("{}/webhooks/stripe", server.base_url()))
+        .args(["--events", "1200", "--dup-ratio", "0", "--concurrency", "8"])
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .output()
+        .unwrap();
+    assert!(bench.status.success(), "{bench:?}");
 
-    // The id expires a second later; a pass runs every second.
     let db = rusqlite::Connection::open(server.db_path()).unwrap();
-    let events = || -> i64 {
-        db.query_row("SELECT count(*) FROM processed_events", [], |r| r.get(0))
-            .unwrap()
-    };
-    let purged = (0..100).any(|_| {
-        events() == 0 || {
+    let count = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
+    let purged = (0..200).any(|_| {
+        count("SELECT count(*) FROM processed_events") == 0 || {
             std::thread::sleep(Duration::from_millis(100));
             false
         }
     });
-    assert!(purged, "the expired id was purged within 10 s");
-    let orders: i64 = db
-        .query_row("SELECT count(*) FROM orders", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(orders, 1, "the order is kept");
+    assert!(purged, "every expired id was purged within 20 s");
+    assert_eq!(
+        count("SELECT count(*) FROM orders"),
+        1200,
+        "orders are kept"
+    );
 
+    // Each pass logs what it deleted, in how many transactions and how long it took. A pass
+    // runs 500-row transactions until one comes back short: n ids take n / 500 + 1.
     let (_, logs) = server.stop();
-    let pass = logs
+    let field = |line: &str, name: &str| -> usize {
+        let start = line.find(&format!(" {name}=")).expect(name) + name.len() + 2;
+        line[start..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let passes: Vec<(usize, usize)> = logs
         .lines()
-        .find(|l| l.contains("purged 1 expired event ids and 0 expired idempotency keys"))
-        .unwrap_or_else(|| panic!("the pass that purged the id is logged: {logs}"));
-    assert!(pass.contains("INFO"), "{pass}");
-    assert!(pass.contains("transactions=1"), "{pass}");
-    assert!(pass.contains("seconds="), "{pass}");
+        .filter(|l| l.contains("INFO") && l.contains("expired idempotency keys"))
+        .inspect(|l| assert!(l.contains(" seconds="), "{l}"))
+        .map(|l| (field(l, "events"), field(l, "transactions")))
+        .filter(|(events, _)| *events > 0)
+        .collect();
+    assert_eq!(
+        passes.iter().map(|(events, _)| events).sum::<usize>(),
+        1200,
+        "{logs}"
+    );
+    for (events, transactions) in &passes {
+        assert_eq!(*transactions, events / 500 + 1, "{events} ids: {logs}");
+    }
+    assert!(
+        passes.iter().any(|(_, transactions)| *transactions >= 2),
+        "a pass took more than one transaction: {passes:?}"
+    );
 }
