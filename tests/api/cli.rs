@@ -150,6 +150,25 @@ fn serve_stops_gracefully_on_sigterm() {
     assert!(!logs.contains(STRIPE_SECRET), "the secret is never logged");
 }
 
+/// Runs `sekali bench --url url args…` off the test's event loop, signing with `env`.
+async fn run_bench(
+    url: String,
+    env: (&'static str, &'static str),
+    args: &[&str],
+) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    actix_web::rt::task::spawn_blocking(move || {
+        Command::new(sekali_bin())
+            .args(["bench", "--url", &url])
+            .args(&args)
+            .env(env.0, env.1)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
 /// Runs `sekali bench` against `app`'s `provider` route with `--check-db`, signing with `env`.
 async fn bench_binary(
     app: &TestApp,
@@ -157,21 +176,9 @@ async fn bench_binary(
     env: (&'static str, &'static str),
     args: &[&str],
 ) -> std::process::Output {
-    let url = format!("{}/webhooks/{provider}", app.address);
-    let db = app.db_path.clone();
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    actix_web::rt::task::spawn_blocking(move || {
-        Command::new(sekali_bin())
-            .args(["bench", "--url", &url])
-            .args(&args)
-            .arg("--check-db")
-            .arg(&db)
-            .env(env.0, env.1)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
+    let db = app.db_path.to_str().expect("a UTF-8 temp path");
+    let args = [args, &["--check-db", db]].concat();
+    run_bench(format!("{}/webhooks/{provider}", app.address), env, &args).await
 }
 
 /// `sekali bench`'s report: its first stdout line parsed as JSON, and the whole stdout.
@@ -365,26 +372,13 @@ async fn recording_endpoint(
 
 /// Runs `sekali bench` (Stripe, no redeliveries) against `base_url` with `args`.
 async fn bench_against(base_url: &str, args: &[&str]) -> std::process::Output {
-    let url = format!("{base_url}/webhooks/stripe");
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    actix_web::rt::task::spawn_blocking(move || {
-        Command::new(sekali_bin())
-            .args([
-                "bench",
-                "--url",
-                &url,
-                "--dup-ratio",
-                "0",
-                "--events",
-                "100000",
-            ])
-            .args(&args)
-            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
-            .output()
-            .unwrap()
-    })
+    let args = [&["--dup-ratio", "0", "--events", "100000"], args].concat();
+    run_bench(
+        format!("{base_url}/webhooks/stripe"),
+        ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+        &args,
+    )
     .await
-    .unwrap()
 }
 
 #[actix_web::test]

@@ -257,11 +257,14 @@ pub fn sekali_bin() -> &'static str {
 
 /// `sekali serve` as a child process on a free port, with its own temporary database and mail
 /// directory, its logs collected while it runs (a full pipe would stall it).
+/// The database file of a [`ServeProcess`], inside its temporary directory.
+const SERVE_DB: &str = "s.db";
+
 pub struct ServeProcess {
     child: std::process::Child,
     pub port: u16,
     logs: Option<std::thread::JoinHandle<String>>,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl ServeProcess {
@@ -286,7 +289,7 @@ impl ServeProcess {
             .arg("--mail-dir")
             .arg(dir.path().join("mail"))
             .arg("--db")
-            .arg(dir.path().join("s.db"))
+            .arg(dir.path().join(SERVE_DB))
             .args(args)
             .env_remove("STRIPE_WEBHOOK_SECRET")
             .env_remove("MIDTRANS_SERVER_KEY")
@@ -313,7 +316,7 @@ impl ServeProcess {
             child,
             port,
             logs: Some(logs),
-            _dir: dir,
+            dir,
         }
     }
 
@@ -322,7 +325,7 @@ impl ServeProcess {
     }
 
     pub fn db_path(&self) -> std::path::PathBuf {
-        self._dir.path().join("s.db")
+        self.dir.path().join(SERVE_DB)
     }
 
     /// Sends SIGTERM and waits; the exit status and everything the server logged.
