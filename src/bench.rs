@@ -73,17 +73,46 @@ pub struct BenchReport {
     pub non_2xx: BTreeMap<u16, usize>,
     pub errors: usize,
     pub seconds: f64,
+    /// Requests answered 2xx per second: what the server durably accepted. A non-2xx answer or
+    /// an error counts in `sent`, never here.
     pub deliveries_per_sec: f64,
-    pub p50_ms: f64,
-    pub p90_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
+    /// Latency percentiles of the requests answered 2xx, in milliseconds; `None` (JSON `null`)
+    /// when none was. A fast refusal (a 503 from a full queue, a 401 from a wrong secret) would
+    /// otherwise pull them down.
+    pub p50_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub max_ms: Option<f64>,
     /// "ok" or what --check-db found wrong; absent without --check-db.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check_db: Option<String>,
 }
 
 impl BenchReport {
+    /// Why the run does not show the server accepting every delivery, if it does not: requests
+    /// that failed or were answered other than 2xx (a wrong secret, a full queue), or what
+    /// `--check-db` found. The command then exits non-zero.
+    pub fn failure(&self) -> Option<String> {
+        let refused: usize = self.non_2xx.values().sum();
+        let mut why = Vec::new();
+        if self.errors > 0 {
+            why.push(format!(
+                "{} of {} requests failed without an answer",
+                self.errors, self.sent
+            ));
+        }
+        if refused > 0 {
+            why.push(format!(
+                "{refused} of {} requests were answered other than 2xx",
+                self.sent
+            ));
+        }
+        if let Some(check) = self.check_db.as_deref().filter(|c| *c != "ok") {
+            why.push(format!("--check-db: {check}"));
+        }
+        (!why.is_empty()).then(|| why.join("; "))
+    }
+
     /// The human-readable table printed after the JSON line.
     pub fn table(&self) -> String {
         let non_2xx = if self.non_2xx.is_empty() {
@@ -95,11 +124,13 @@ impl BenchReport {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let ms =
+            |v: Option<f64>| v.map_or_else(|| "- (no 2xx)".to_owned(), |v| format!("{v:.2} ms"));
         let mut out = format!(
             "provider           {}\nids                {}\nconcurrency        {}\nsent               {}\nunique events      {}\n\
              2xx                {}\nnon-2xx            {}\nerrors             {}\nseconds            {:.2}\n\
-             deliveries/s       {:.0}\nlatency p50        {:.2} ms\nlatency p90        {:.2} ms\n\
-             latency p99        {:.2} ms\nlatency max        {:.2} ms\n",
+             deliveries/s       {:.0} (answered 2xx)\n2xx latency p50    {}\n2xx latency p90    {}\n\
+             2xx latency p99    {}\n2xx latency max    {}\n",
             self.provider,
             self.ids,
             self.concurrency,
@@ -110,10 +141,10 @@ impl BenchReport {
             self.errors,
             self.seconds,
             self.deliveries_per_sec,
-            self.p50_ms,
-            self.p90_ms,
-            self.p99_ms,
-            self.max_ms
+            ms(self.p50_ms),
+            ms(self.p90_ms),
+            ms(self.p99_ms),
+            ms(self.max_ms)
         );
         if let Some(rate) = self.rate {
             out.push_str(&format!(
@@ -325,14 +356,12 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
     }
     let seconds = started.elapsed().as_secs_f64();
     outcome.latencies_us.sort_unstable();
-    let percentile = |p: f64| -> f64 {
-        if outcome.latencies_us.is_empty() {
-            return 0.0;
-        }
-        let rank = ((p / 100.0) * outcome.latencies_us.len() as f64).ceil() as usize;
-        outcome.latencies_us[rank.clamp(1, outcome.latencies_us.len()) - 1] as f64 / 1000.0
+    let percentile = |p: f64| -> Option<f64> {
+        let ranked = &outcome.latencies_us;
+        let rank = ((p / 100.0) * ranked.len() as f64).ceil() as usize;
+        (!ranked.is_empty()).then(|| ranked[rank.clamp(1, ranked.len()) - 1] as f64 / 1000.0)
     };
-    let sent = outcome.latencies_us.len() + outcome.errors;
+    let sent = outcome.ok + outcome.non_2xx.values().sum::<usize>() + outcome.errors;
     let unique_sent = {
         let reached = next.load(Ordering::SeqCst).min(plan.len());
         plan[..reached].iter().copied().max().map_or(0, |m| m + 1)
@@ -353,7 +382,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
         non_2xx: outcome.non_2xx,
         errors: outcome.errors,
         seconds,
-        deliveries_per_sec: sent as f64 / seconds,
+        deliveries_per_sec: outcome.ok as f64 / seconds,
         p50_ms: percentile(50.0),
         p90_ms: percentile(90.0),
         p99_ms: percentile(99.0),
@@ -368,6 +397,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
 
 #[derive(Default)]
 struct ThreadOutcome {
+    /// Of the requests answered 2xx.
     latencies_us: Vec<u32>,
     ok: usize,
     non_2xx: BTreeMap<u16, usize>,
@@ -537,9 +567,10 @@ async fn client_loop(
                 tokio::select! {
                     sent = send(&mut connection, &target, request) => match sent {
                         Ok(status) => {
-                            out.latencies_us
-                                .push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
                             if status.is_success() {
+                                out.latencies_us.push(
+                                    started.elapsed().as_micros().min(u32::MAX as u128) as u32,
+                                );
                                 out.ok += 1;
                             } else {
                                 *out.non_2xx.entry(status.as_u16()).or_default() += 1;

@@ -424,11 +424,9 @@ fn bench(args: BenchArgs) -> ExitCode {
                 serde_json::to_string(&report).expect("a report serialises")
             );
             print!("{}", report.table());
-            let checked = report.check_db.as_deref().is_none_or(|c| c == "ok");
-            if checked && report.errors == 0 {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
+            match report.failure() {
+                None => ExitCode::SUCCESS,
+                Some(why) => fail(why),
             }
         }
         Err(e) => fail(e),

@@ -1,5 +1,7 @@
 use std::process::Command;
 
+use actix_web::http::StatusCode;
+
 use crate::helpers::*;
 
 fn fixture_path(name: &str) -> String {
@@ -336,12 +338,90 @@ async fn bench_counts_refused_connections_as_errors_and_fails() {
     let (report, stdout) = bench_report(&output);
     assert_eq!(report["errors"], 20, "{stdout}");
     assert_eq!(report["ok_2xx"], 0);
+    assert_eq!(report["deliveries_per_sec"], 0.0, "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("20 of 20 requests failed without an answer"),
+        "{stderr}"
+    );
 }
 
-/// A stand-in webhook endpoint for `sekali bench --rate`: answers 200 after `delay`, and records
-/// when each request arrived. Returns its base URL, the arrivals and the server's handle.
+#[actix_web::test]
+async fn bench_with_the_wrong_secret_reports_no_deliveries_and_fails() {
+    let app = spawn_app().await;
+    let output = run_bench(
+        format!("{}/webhooks/stripe", app.address),
+        ("STRIPE_WEBHOOK_SECRET", "whsec_not_the_servers"),
+        &["--events", "20", "--dup-ratio", "0", "--concurrency", "2"],
+    )
+    .await;
+    let (report, stdout) = bench_report(&output);
+    // Every request was answered, fast, with a 401: nothing was delivered, and the report
+    // must not read as a server carrying thousands of deliveries a second.
+    assert!(!output.status.success(), "{output:?}");
+    assert_eq!(report["non_2xx"]["401"], 20, "{stdout}");
+    assert_eq!(report["ok_2xx"], 0);
+    assert_eq!(report["deliveries_per_sec"], 0.0, "{stdout}");
+    assert!(report["p50_ms"].is_null(), "{stdout}");
+    assert!(stdout.contains("2xx latency p99    - (no 2xx)"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("20 of 20 requests were answered other than 2xx"),
+        "{stderr}"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM processed_events"), 0);
+}
+
+#[actix_web::test]
+async fn bench_counts_only_2xx_answers_in_its_rate_and_latencies() {
+    // One connection, so the requests alternate: the even ones are accepted after 30 ms, the
+    // odd ones refused at once with 503, as a server whose queue is full would.
+    let (url, _, server) = recording_endpoint(|n| {
+        if n % 2 == 0 {
+            (StatusCode::OK, std::time::Duration::from_millis(30))
+        } else {
+            (StatusCode::SERVICE_UNAVAILABLE, std::time::Duration::ZERO)
+        }
+    })
+    .await;
+    let output = run_bench(
+        format!("{url}/webhooks/stripe"),
+        ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+        &["--events", "20", "--dup-ratio", "0", "--concurrency", "1"],
+    )
+    .await;
+    server.stop(true).await;
+    let (report, stdout) = bench_report(&output);
+    assert!(
+        !output.status.success(),
+        "a refused delivery fails the run: {output:?}"
+    );
+    assert_eq!(report["sent"], 20, "{stdout}");
+    assert_eq!(report["ok_2xx"], 10, "{stdout}");
+    assert_eq!(report["non_2xx"]["503"], 10, "{stdout}");
+    // The rate is of accepted deliveries: 10 over the run, not the 20 answers.
+    let rate = report["deliveries_per_sec"].as_f64().unwrap();
+    let seconds = report["seconds"].as_f64().unwrap();
+    assert!(
+        (rate * seconds - 10.0).abs() < 0.01,
+        "{rate}/s over {seconds} s: {stdout}"
+    );
+    // The percentiles are of the accepted ones, each at least 30 ms; counted with the instant
+    // 503s, the median would be one of those.
+    let p50 = report["p50_ms"].as_f64().unwrap();
+    assert!(p50 >= 30.0, "p50 {p50} ms: {stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("10 of 20 requests were answered other than 2xx"),
+        "{stderr}"
+    );
+}
+
+/// A stand-in webhook endpoint for `sekali bench`: answers the `n`th request (from 0) with the
+/// status `answer(n)` gives, after its delay, and records when each request arrived. Returns
+/// its base URL, the arrivals and the server's handle.
 async fn recording_endpoint(
-    delay: std::time::Duration,
+    answer: impl Fn(usize) -> (StatusCode, std::time::Duration) + Clone + Send + 'static,
 ) -> (
     String,
     std::sync::Arc<std::sync::Mutex<Vec<std::time::Instant>>>,
@@ -351,12 +431,17 @@ async fn recording_endpoint(
     let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let recorded = arrivals.clone();
     let server = HttpServer::new(move || {
-        let recorded = recorded.clone();
+        let (recorded, answer) = (recorded.clone(), answer.clone());
         App::new().default_service(web::to(move || {
-            recorded.lock().unwrap().push(std::time::Instant::now());
+            let n = {
+                let mut arrivals = recorded.lock().unwrap();
+                arrivals.push(std::time::Instant::now());
+                arrivals.len() - 1
+            };
+            let (status, delay) = answer(n);
             async move {
                 actix_web::rt::time::sleep(delay).await;
-                HttpResponse::Ok().finish()
+                HttpResponse::build(status).finish()
             }
         }))
     })
@@ -368,6 +453,13 @@ async fn recording_endpoint(
     let handle = server.handle();
     actix_web::rt::spawn(server);
     (address, arrivals, handle)
+}
+
+/// An endpoint that answers every request 200 after `delay`.
+fn always_ok(
+    delay: std::time::Duration,
+) -> impl Fn(usize) -> (StatusCode, std::time::Duration) + Clone {
+    move |_| (StatusCode::OK, delay)
 }
 
 /// Runs `sekali bench` (Stripe, no redeliveries) against `base_url` with `args`.
@@ -383,7 +475,7 @@ async fn bench_against(base_url: &str, args: &[&str]) -> std::process::Output {
 
 #[actix_web::test]
 async fn bench_rate_offers_the_requested_rate_evenly_spread_over_the_connections() {
-    let (url, arrivals, server) = recording_endpoint(std::time::Duration::ZERO).await;
+    let (url, arrivals, server) = recording_endpoint(always_ok(std::time::Duration::ZERO)).await;
     // 300/s over 4 connections: each sends every 13.3 ms, a period no millisecond timer hits
     // exactly, so a client that sleeps "the rest of the period" after each answer drifts low.
     // Two client threads of two connections each: the schedule interleaves all four.
@@ -433,7 +525,8 @@ async fn bench_rate_offers_the_requested_rate_evenly_spread_over_the_connections
 async fn bench_rate_counts_latency_from_when_a_request_was_due_when_the_server_falls_behind() {
     // Every answer takes 100 ms, but one connection is asked for 20 requests/s (one every
     // 50 ms) for half a second: each request is sent later than it was due, by more each time.
-    let (url, _, server) = recording_endpoint(std::time::Duration::from_millis(100)).await;
+    let (url, _, server) =
+        recording_endpoint(always_ok(std::time::Duration::from_millis(100))).await;
     let output = bench_against(
         &url,
         &["--rate", "20", "--concurrency", "1", "--max-seconds", "0.5"],
