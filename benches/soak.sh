@@ -30,7 +30,7 @@ for _ in $(seq 100); do
 done
 
 "$bin" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events $((rate * duration)) \
-    --dup-ratio 0.2 --rate "$rate" --concurrency "$connections" --max-seconds "$duration" > "$dir/bench.out" &
+    --dup-ratio 0.2 --rate "$rate" --concurrency "$connections" --max-seconds "$duration" > "$dir/bench.out" 2> "$dir/bench.err" &
 load=$!
 
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
@@ -45,8 +45,14 @@ while kill -0 "$load" 2>/dev/null; do
     printf '%6d %9s %9s %9s %9s %10s\n' $(( $(date +%s) - start )) "$(mib "$rss")" "$(mib "$hwm")" \
         "$(mib "$(size "$db-wal")")" "$(mib "$(size "$db")")" "$rows"
 done
-wait "$load" || true
+# sekali bench exits non-zero unless every request was answered 2xx; the soak then fails too.
+status=0
+wait "$load" || status=$?
 echo
 cat "$dir/bench.out"
 grep -c "purged" "$dir/server.log" | xargs -I{} echo "purge passes logged: {}"
 grep "purged" "$dir/server.log" | tail -3
+if [ "$status" -ne 0 ]; then
+    echo "the soak failed: $(cat "$dir/bench.err")" >&2
+fi
+exit "$status"

@@ -89,12 +89,15 @@ pub struct BenchReport {
 }
 
 impl BenchReport {
-    /// Why the run does not show the server accepting every delivery, if it does not: requests
-    /// that failed or were answered other than 2xx (a wrong secret, a full queue), or what
-    /// `--check-db` found. The command then exits non-zero.
+    /// Why the run does not show the server accepting every delivery, if it does not: nothing
+    /// sent, requests that failed or were answered other than 2xx (a wrong secret, a full
+    /// queue), or what `--check-db` found. The command then exits non-zero.
     pub fn failure(&self) -> Option<String> {
         let refused: usize = self.non_2xx.values().sum();
         let mut why = Vec::new();
+        if self.sent == 0 {
+            why.push("no request was sent".to_owned());
+        }
         if self.errors > 0 {
             why.push(format!(
                 "{} of {} requests failed without an answer",
@@ -348,7 +351,6 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
     for handle in handles {
         let part = handle.join().expect("a bench client thread panicked");
         outcome.latencies_us.extend(part.latencies_us);
-        outcome.ok += part.ok;
         outcome.errors += part.errors;
         for (code, n) in part.non_2xx {
             *outcome.non_2xx.entry(code).or_default() += n;
@@ -356,12 +358,13 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
     }
     let seconds = started.elapsed().as_secs_f64();
     outcome.latencies_us.sort_unstable();
+    let ok = outcome.latencies_us.len();
     let percentile = |p: f64| -> Option<f64> {
-        let ranked = &outcome.latencies_us;
-        let rank = ((p / 100.0) * ranked.len() as f64).ceil() as usize;
-        (!ranked.is_empty()).then(|| ranked[rank.clamp(1, ranked.len()) - 1] as f64 / 1000.0)
+        let last = ok.checked_sub(1)?;
+        let rank = ((p / 100.0) * ok as f64).ceil() as usize;
+        Some(outcome.latencies_us[rank.saturating_sub(1).min(last)] as f64 / 1000.0)
     };
-    let sent = outcome.ok + outcome.non_2xx.values().sum::<usize>() + outcome.errors;
+    let sent = ok + outcome.non_2xx.values().sum::<usize>() + outcome.errors;
     let unique_sent = {
         let reached = next.load(Ordering::SeqCst).min(plan.len());
         plan[..reached].iter().copied().max().map_or(0, |m| m + 1)
@@ -378,11 +381,11 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
         rate: config.rate,
         sent,
         unique: unique_sent,
-        ok_2xx: outcome.ok,
+        ok_2xx: ok,
         non_2xx: outcome.non_2xx,
         errors: outcome.errors,
         seconds,
-        deliveries_per_sec: outcome.ok as f64 / seconds,
+        deliveries_per_sec: ok as f64 / seconds,
         p50_ms: percentile(50.0),
         p90_ms: percentile(90.0),
         p99_ms: percentile(99.0),
@@ -397,9 +400,8 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
 
 #[derive(Default)]
 struct ThreadOutcome {
-    /// Of the requests answered 2xx.
+    /// One per request answered 2xx.
     latencies_us: Vec<u32>,
-    ok: usize,
     non_2xx: BTreeMap<u16, usize>,
     errors: usize,
 }
@@ -571,7 +573,6 @@ async fn client_loop(
                                 out.latencies_us.push(
                                     started.elapsed().as_micros().min(u32::MAX as u128) as u32,
                                 );
-                                out.ok += 1;
                             } else {
                                 *out.non_2xx.entry(status.as_u16()).or_default() += 1;
                             }
@@ -594,7 +595,6 @@ async fn client_loop(
     let mut total = ThreadOutcome::default();
     for part in parts {
         total.latencies_us.extend(part.latencies_us);
-        total.ok += part.ok;
         total.errors += part.errors;
         for (code, n) in part.non_2xx {
             *total.non_2xx.entry(code).or_default() += n;

@@ -373,6 +373,19 @@ async fn bench_with_the_wrong_secret_reports_no_deliveries_and_fails() {
 }
 
 #[actix_web::test]
+async fn bench_that_sends_nothing_fails_instead_of_reporting_an_empty_success() {
+    let (url, arrivals, server) = recording_endpoint(always_ok(std::time::Duration::ZERO)).await;
+    let output = bench_against(&url, &["--max-seconds", "0"]).await;
+    server.stop(true).await;
+    let (report, stdout) = bench_report(&output);
+    assert!(!output.status.success(), "{output:?}");
+    assert_eq!(report["sent"], 0, "{stdout}");
+    assert!(arrivals.lock().unwrap().is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no request was sent"), "{stderr}");
+}
+
+#[actix_web::test]
 async fn bench_counts_only_2xx_answers_in_its_rate_and_latencies() {
     // One connection, so the requests alternate: the even ones are accepted after 30 ms, the
     // odd ones refused at once with 503, as a server whose queue is full would.
