@@ -310,6 +310,27 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
+/// Writes a command's output to stdout (through [`outln!`](crate::outln)). A reader that has
+/// gone away (`sekali events list | head`) is not an error: the rest of the output is dropped
+/// and the command's exit status stands, where `println!` would panic. Any other failure to
+/// write (a full disk behind a redirect) ends the command with an error.
+pub fn write_stdout(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static READER_GONE: AtomicBool = AtomicBool::new(false);
+    if READER_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Err(e) = std::io::stdout().lock().write_fmt(text) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            READER_GONE.store(true, Ordering::Relaxed);
+        } else {
+            eprintln!("error: writing to standard output: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {message}");
     ExitCode::FAILURE
@@ -358,8 +379,8 @@ fn purge(args: DbArgs) -> ExitCode {
         });
     match result {
         Ok(purged) => {
-            println!("purged {} expired event ids", purged.events);
-            println!(
+            crate::outln!("purged {} expired event ids", purged.events);
+            crate::outln!(
                 "purged {} expired idempotency keys",
                 purged.idempotency_keys
             );
@@ -372,7 +393,7 @@ fn purge(args: DbArgs) -> ExitCode {
 fn backup(args: BackupArgs) -> ExitCode {
     match store::backup::backup_database(&args.db.db, &args.out, store::DEFAULT_BUSY_TIMEOUT) {
         Ok(report) => {
-            println!(
+            crate::outln!(
                 "backed up {} to {}: {} pages, {} processed events, {} orders, integrity ok",
                 args.db.db.display(),
                 args.out.display(),
@@ -419,11 +440,11 @@ fn bench(args: BenchArgs) -> ExitCode {
     };
     match crate::bench::run_bench(&config, &secrets) {
         Ok(report) => {
-            println!(
+            crate::outln!(
                 "{}",
                 serde_json::to_string(&report).expect("a report serialises")
             );
-            print!("{}", report.table());
+            write_stdout(format_args!("{}", report.table()));
             match report.failure() {
                 None => ExitCode::SUCCESS,
                 Some(why) => fail(why),
@@ -496,12 +517,17 @@ fn outbox(command: OutboxCommand) -> ExitCode {
         OutboxCommand::List { status, limit, .. } => {
             match store::outbox::list(&conn, status.as_deref(), limit) {
                 Ok(rows) => {
-                    println!(
+                    crate::outln!(
                         "{:>6}  {:<8}  {:>8}  {:<14}  {:<24}  {:<24}  LAST_ERROR",
-                        "ID", "STATUS", "ATTEMPTS", "TEMPLATE", "ORDER_ID", "NEXT_ATTEMPT_AT"
+                        "ID",
+                        "STATUS",
+                        "ATTEMPTS",
+                        "TEMPLATE",
+                        "ORDER_ID",
+                        "NEXT_ATTEMPT_AT"
                     );
                     for r in rows {
-                        println!(
+                        crate::outln!(
                             "{:>6}  {:<8}  {:>8}  {:<14}  {:<24}  {:<24}  {}",
                             r.id,
                             r.status,
@@ -519,7 +545,7 @@ fn outbox(command: OutboxCommand) -> ExitCode {
         }
         OutboxCommand::Show { id, .. } => match store::outbox::get(&conn, id) {
             Ok(Some(row)) => {
-                println!(
+                crate::outln!(
                     "{}",
                     serde_json::to_string_pretty(&row).expect("a row serialises")
                 );
@@ -531,7 +557,7 @@ fn outbox(command: OutboxCommand) -> ExitCode {
         OutboxCommand::Retry { id, .. } => {
             match store::outbox::retry_dead(&conn, id, SystemClock.now_millis()) {
                 Ok(true) => {
-                    println!("outbox row {id}: dead -> pending");
+                    crate::outln!("outbox row {id}: dead -> pending");
                     ExitCode::SUCCESS
                 }
                 Ok(false) => fail(format!(
@@ -550,7 +576,7 @@ fn set_status(id: &str, status: crate::domain::OrderStatus, db: &DbArgs) -> Exit
     };
     match store::orders::set_status_by_operator(&conn, id, status, SystemClock.now_unix()) {
         Ok(previous) => {
-            println!("order {id}: {previous} -> {status}");
+            crate::outln!("order {id}: {previous} -> {status}");
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),
@@ -570,12 +596,16 @@ fn events(command: EventsCommand) -> ExitCode {
             limit, provider, ..
         } => match reads::list_events(&conn, provider.map(Provider::as_str), limit) {
             Ok(rows) => {
-                println!(
+                crate::outln!(
                     "{:<20}  {:<9}  {:<9}  {:<34}  {:<16}  EVENT_ID",
-                    "RECEIVED_AT", "PROVIDER", "OUTCOME", "EVENT_TYPE", "ORDER_ID"
+                    "RECEIVED_AT",
+                    "PROVIDER",
+                    "OUTCOME",
+                    "EVENT_TYPE",
+                    "ORDER_ID"
                 );
                 for row in rows {
-                    println!(
+                    crate::outln!(
                         "{:<20}  {:<9}  {:<9}  {:<34}  {:<16}  {}",
                         row.received_at,
                         row.provider,
@@ -595,21 +625,21 @@ fn events(command: EventsCommand) -> ExitCode {
                 Ok(rows) => {
                     for row in rows {
                         let s = &row.summary;
-                        println!("provider:          {}", s.provider);
-                        println!("event_id:          {}", s.event_id);
-                        println!("event_type:        {}", s.event_type);
-                        println!(
+                        crate::outln!("provider:          {}", s.provider);
+                        crate::outln!("event_id:          {}", s.event_id);
+                        crate::outln!("event_type:        {}", s.event_type);
+                        crate::outln!(
                             "order_id:          {}",
                             s.order_id.as_deref().unwrap_or("-")
                         );
-                        println!("outcome:           {}", s.outcome);
-                        println!("received_at:       {}", s.received_at);
-                        println!("expires_at:        {}", s.expires_at);
-                        println!(
+                        crate::outln!("outcome:           {}", s.outcome);
+                        crate::outln!("received_at:       {}", s.received_at);
+                        crate::outln!("expires_at:        {}", s.expires_at);
+                        crate::outln!(
                             "payment_intent_id: {}",
                             row.payment_intent_id.as_deref().unwrap_or("-")
                         );
-                        println!("payload:\n{}", row.payload.trim_end());
+                        crate::outln!("payload:\n{}", row.payload.trim_end());
                     }
                     ExitCode::SUCCESS
                 }

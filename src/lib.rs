@@ -9,6 +9,15 @@
 //! - [`jobs`]: background work (the purge of expired event ids).
 //! - [`startup`]: builds the HTTP server from [`config::Settings`]; tests build it on port 0.
 
+/// `println!` for the commands' output on stdout (see [`cli::write_stdout`]): when the reader
+/// has gone away, as in `sekali events list | head`, the rest is dropped instead of panicking.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 pub mod bench;
 pub mod cli;
 pub mod clock;

@@ -126,7 +126,7 @@ pub async fn replay_files(
             Ok(mut response) => {
                 let status = response.status();
                 let body = response.body().await.unwrap_or_default();
-                println!(
+                crate::outln!(
                     "{}: {} {}",
                     path.display(),
                     status.as_u16(),
@@ -135,7 +135,7 @@ pub async fn replay_files(
                 all_ok &= status.is_success();
             }
             Err(e) => {
-                println!("{}: request failed: {e}", path.display());
+                crate::outln!("{}: request failed: {e}", path.display());
                 all_ok = false;
             }
         }

@@ -121,6 +121,50 @@ async fn events_list_and_show_inspect_what_was_processed() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no stored event with id evt_nope"));
 }
 
+#[actix_web::test]
+async fn events_list_piped_into_a_reader_that_stops_early_ends_quietly() {
+    // `sekali events list | head -1`: 1,000 rows are about 130 KB, more than a pipe holds, so
+    // the command is still writing when the reader goes away.
+    let app = spawn_app().await;
+    let output = bench_binary(
+        &app,
+        "stripe",
+        ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+        &["--events", "1000", "--dup-ratio", "0", "--concurrency", "8"],
+    )
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let db = app.db_path.clone();
+    let (status, first_line, stderr) = actix_web::rt::task::spawn_blocking(move || {
+        use std::io::{BufRead, Read};
+        let mut child = Command::new(sekali_bin())
+            .args(["events", "list", "--limit", "1000", "--db"])
+            .arg(&db)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first_line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first_line)
+            .unwrap();
+        // The reader is dropped here, closing the pipe, as `head -1` exits.
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        (child.wait().unwrap(), first_line, stderr)
+    })
+    .await
+    .unwrap();
+    assert!(first_line.starts_with("RECEIVED_AT"), "{first_line}");
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(stderr.is_empty(), "nothing on stderr, no panic: {stderr}");
+}
+
 #[test]
 fn serve_refuses_to_start_without_any_provider_secret() {
     let dir = tempfile::tempdir().unwrap();
