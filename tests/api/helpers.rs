@@ -255,11 +255,11 @@ pub fn sekali_bin() -> &'static str {
     env!("CARGO_BIN_EXE_sekali")
 }
 
-/// `sekali serve` as a child process on a free port, with its own temporary database and mail
-/// directory, its logs collected while it runs (a full pipe would stall it).
 /// The database file of a [`ServeProcess`], inside its temporary directory.
 const SERVE_DB: &str = "s.db";
 
+/// `sekali serve` as a child process on a free port, with its own temporary database and mail
+/// directory, its logs collected while it runs (a full pipe would stall it).
 pub struct ServeProcess {
     child: std::process::Child,
     pub port: u16,
