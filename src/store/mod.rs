@@ -35,6 +35,11 @@ pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;
 pub enum StoreError {
     #[error("database file {0} does not exist")]
     Missing(String),
+    /// SQLite falls back to read-only when it cannot open the file for writing (permissions,
+    /// an immutable file, a read-only mount). Found at open, so `serve` refuses to start
+    /// instead of answering every delivery 503.
+    #[error("database file {0} can only be opened read-only; sekali must be able to write it (and create its -wal and -shm files beside it)")]
+    ReadOnly(String),
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
     #[error("connection pool: {0}")]
@@ -83,6 +88,7 @@ fn apply_connection_pragmas(conn: &Connection, busy_timeout: Duration) -> rusqli
 /// write.
 pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
     let conn = wal_vfs::open(path)?;
+    refuse_read_only(&conn, path)?;
     apply_connection_pragmas(&conn, busy_timeout)?;
     wal_vfs::check_full_sync(&conn)?;
     let mode: String =
@@ -95,6 +101,13 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
     conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
     schema::migrate(&conn)?;
     Ok(conn)
+}
+
+fn refuse_read_only(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    if conn.is_readonly(rusqlite::MAIN_DB)? {
+        return Err(StoreError::ReadOnly(path.display().to_string()));
+    }
+    Ok(())
 }
 
 /// See `journal_size_limit` in [`open_for_writing`].
@@ -117,6 +130,7 @@ pub fn open_existing(
     };
     let conn = Connection::open_with_flags(path, flags)?;
     if writable {
+        refuse_read_only(&conn, path)?;
         apply_connection_pragmas(&conn, busy_timeout)?;
         schema::migrate(&conn)?;
     } else {

@@ -226,6 +226,111 @@ async fn a_backup_taken_while_deliveries_continue_is_whole_and_holds_the_dedup_r
     assert!(String::from_utf8_lossy(&again.stderr).contains("refusing to overwrite"));
 }
 
+/// Makes a file unwritable for this process for as long as it lives, so SQLite opens it
+/// read-only, as it would a file of another user's: read-only permissions, or, for root, whom
+/// permissions do not stop, the immutable attribute (`chattr +i`).
+struct Unwritable(std::path::PathBuf);
+
+impl Unwritable {
+    fn set(path: &std::path::Path) -> Self {
+        if is_root() {
+            let status = Command::new("chattr").arg("+i").arg(path).status();
+            assert!(
+                status.is_ok_and(|s| s.success()),
+                "chattr +i {} needs the chattr command (e2fsprogs) and a file system with \
+                 attributes",
+                path.display()
+            );
+        } else {
+            let mut permissions = std::fs::metadata(path).unwrap().permissions();
+            permissions.set_readonly(true);
+            std::fs::set_permissions(path, permissions).unwrap();
+        }
+        Unwritable(path.to_owned())
+    }
+}
+
+impl Drop for Unwritable {
+    fn drop(&mut self) {
+        if is_root() {
+            let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[actix_web::test]
+async fn a_database_file_sekali_cannot_write_is_refused_at_start_not_answered_503_forever() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded")
+            .await
+            .outcome(),
+        "processed"
+    );
+    app.stop().await;
+    let _unwritable = Unwritable::set(&app.db_path);
+
+    let port = free_port();
+    let mut serve = Command::new(sekali_bin())
+        .args([
+            "serve",
+            "--no-relay",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--db",
+        ])
+        .arg(&app.db_path)
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Started anyway, it would report healthy and answer every delivery 503.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = serve.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            serve.kill().unwrap();
+            panic!("serve started on a database file it cannot write");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("can only be opened read-only; sekali must be able to write it"),
+        "{stderr}"
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "nothing listens"
+    );
+
+    // The maintenance commands that write say the same; the one that only reads still works.
+    let purge = Command::new(sekali_bin())
+        .args(["purge", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(!purge.status.success());
+    assert!(String::from_utf8_lossy(&purge.stderr).contains("can only be opened read-only"));
+    let list = Command::new(sekali_bin())
+        .args(["events", "list", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(list.status.success(), "{list:?}");
+    assert!(String::from_utf8_lossy(&list.stdout).contains("payment_intent.succeeded"));
+}
+
 #[test]
 fn nothing_secret_reaches_the_logs_even_at_trace_level() {
     let both_secrets = format!("{STRIPE_SECRET},{STRIPE_SECRET_NEXT}");
