@@ -29,10 +29,23 @@ pub fn backup_database(
     if out.exists() {
         return Err(StoreError::Exists(out.display().to_string()));
     }
+    let out_error = |reason: String| StoreError::BackupOut {
+        path: out.display().to_string(),
+        reason,
+    };
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            return Err(out_error(format!(
+                "the directory {} does not exist",
+                dir.display()
+            )));
+        }
+    }
     let src = open_existing(source, false, busy_timeout)?;
     let partial = out.with_extension("partial");
     let _ = std::fs::remove_file(&partial);
-    let mut dst = Connection::open(&partial)?;
+    let mut dst = Connection::open(&partial)
+        .map_err(|e| out_error(format!("creating {}: {e}", partial.display())))?;
     {
         let backup = Backup::new(&src, &mut dst)?;
         loop {
@@ -61,6 +74,6 @@ pub fn backup_database(
     };
     drop(dst);
     std::fs::rename(&partial, out)
-        .map_err(|e| StoreError::Integrity(format!("renaming the copy into place: {e}")))?;
+        .map_err(|e| out_error(format!("renaming the checked copy into place: {e}")))?;
     Ok(report)
 }

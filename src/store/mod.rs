@@ -51,6 +51,8 @@ pub enum StoreError {
     Injected(&'static str),
     #[error("refusing to overwrite {0}")]
     Exists(String),
+    #[error("cannot write the backup {path}: {reason}")]
+    BackupOut { path: String, reason: String },
     #[error("the backup copy failed its integrity check: {0}")]
     Integrity(String),
     #[error("stored payload could not be re-read: {0}")]

@@ -224,6 +224,24 @@ async fn a_backup_taken_while_deliveries_continue_is_whole_and_holds_the_dedup_r
         .unwrap();
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("refusing to overwrite"));
+
+    let nowhere = dir.path().join("missing").join("copy.db");
+    let refused = Command::new(sekali_bin())
+        .args(["backup", "--db"])
+        .arg(&app.db_path)
+        .arg(&nowhere)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot write the backup {}: the directory {} does not exist",
+            nowhere.display(),
+            dir.path().join("missing").display()
+        )),
+        "{stderr}"
+    );
 }
 
 /// Makes a file unwritable for this process for as long as it lives, so SQLite opens it
