@@ -175,8 +175,8 @@ pub enum OutboxCommand {
     List {
         #[command(flatten)]
         db: DbArgs,
-        /// pending, sent, dead or skipped.
-        #[arg(long)]
+        /// Only rows with this status.
+        #[arg(long, value_parser = ["pending", "sent", "dead", "skipped"])]
         status: Option<String>,
         #[arg(long, default_value_t = 20)]
         limit: u32,

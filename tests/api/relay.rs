@@ -321,6 +321,18 @@ async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives
         String::from_utf8_lossy(&list.stdout).contains("receipt"),
         "{list:?}"
     );
+    // A status no row can have is a mistake to point out, not an empty list.
+    let misspelt = Command::new(sekali_bin())
+        .args(["outbox", "list", "--status", "daed", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(!misspelt.status.success());
+    let stderr = String::from_utf8_lossy(&misspelt.stderr);
+    assert!(
+        stderr.contains("invalid value 'daed'") && stderr.contains("dead"),
+        "{stderr}"
+    );
     drop(relay);
     let retry = Command::new(sekali_bin())
         .args(["outbox", "retry", "1", "--db"])
