@@ -331,6 +331,32 @@ pub fn write_stdout(text: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Prints a header and rows in columns two spaces apart, each as wide as its widest cell, so a
+/// long event type or order id does not push the columns after it out of line.
+fn print_columns<const N: usize>(header: [&str; N], rows: Vec<[String; N]>) {
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; N]| {
+        let mut line = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 < N {
+                line.push_str(&format!("{cell:<width$}  ", width = widths[i]));
+            } else {
+                line.push_str(cell);
+            }
+        }
+        crate::outln!("{line}");
+    };
+    line(header);
+    for row in &rows {
+        line(row.each_ref().map(String::as_str));
+    }
+}
+
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {message}");
     ExitCode::FAILURE
@@ -517,27 +543,29 @@ fn outbox(command: OutboxCommand) -> ExitCode {
         OutboxCommand::List { status, limit, .. } => {
             match store::outbox::list(&conn, status.as_deref(), limit) {
                 Ok(rows) => {
-                    crate::outln!(
-                        "{:>6}  {:<8}  {:>8}  {:<14}  {:<24}  {:<24}  LAST_ERROR",
-                        "ID",
-                        "STATUS",
-                        "ATTEMPTS",
-                        "TEMPLATE",
-                        "ORDER_ID",
-                        "NEXT_ATTEMPT_AT"
-                    );
-                    for r in rows {
-                        crate::outln!(
-                            "{:>6}  {:<8}  {:>8}  {:<14}  {:<24}  {:<24}  {}",
-                            r.id,
+                    let rows = rows.into_iter().map(|r| {
+                        [
+                            r.id.to_string(),
                             r.status,
-                            r.attempts,
+                            r.attempts.to_string(),
                             r.template,
                             r.order_id,
-                            r.next_attempt_at.as_deref().unwrap_or("-"),
-                            r.last_error.as_deref().unwrap_or("")
-                        );
-                    }
+                            r.next_attempt_at.unwrap_or_else(|| "-".into()),
+                            r.last_error.unwrap_or_default(),
+                        ]
+                    });
+                    print_columns(
+                        [
+                            "ID",
+                            "STATUS",
+                            "ATTEMPTS",
+                            "TEMPLATE",
+                            "ORDER_ID",
+                            "NEXT_ATTEMPT_AT",
+                            "LAST_ERROR",
+                        ],
+                        rows.collect(),
+                    );
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(e),
@@ -596,25 +624,27 @@ fn events(command: EventsCommand) -> ExitCode {
             limit, provider, ..
         } => match reads::list_events(&conn, provider.map(Provider::as_str), limit) {
             Ok(rows) => {
-                crate::outln!(
-                    "{:<20}  {:<9}  {:<9}  {:<34}  {:<16}  EVENT_ID",
-                    "RECEIVED_AT",
-                    "PROVIDER",
-                    "OUTCOME",
-                    "EVENT_TYPE",
-                    "ORDER_ID"
-                );
-                for row in rows {
-                    crate::outln!(
-                        "{:<20}  {:<9}  {:<9}  {:<34}  {:<16}  {}",
+                let rows = rows.into_iter().map(|row| {
+                    [
                         row.received_at,
                         row.provider,
                         row.outcome,
                         row.event_type,
-                        row.order_id.as_deref().unwrap_or("-"),
-                        row.event_id
-                    );
-                }
+                        row.order_id.unwrap_or_else(|| "-".into()),
+                        row.event_id,
+                    ]
+                });
+                print_columns(
+                    [
+                        "RECEIVED_AT",
+                        "PROVIDER",
+                        "OUTCOME",
+                        "EVENT_TYPE",
+                        "ORDER_ID",
+                        "EVENT_ID",
+                    ],
+                    rows.collect(),
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => fail(e),

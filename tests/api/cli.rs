@@ -73,6 +73,9 @@ async fn events_list_and_show_inspect_what_was_processed() {
     let app = spawn_app().await;
     app.deliver_stripe("payment_intent.succeeded").await;
     app.deliver_midtrans("settlement").await;
+    // A 40-character event type, wider than any column width a fixed layout would pick.
+    app.deliver_stripe("checkout.session.async_payment_succeeded")
+        .await;
 
     let list = Command::new(sekali_bin())
         .args(["events", "list", "--db"])
@@ -86,6 +89,13 @@ async fn events_list_and_show_inspect_what_was_processed() {
         stdout.contains("ORDER-2001:settlement:200:accept"),
         "{stdout}"
     );
+    // Every line's last column (EVENT_ID, then the ids) starts at the same place.
+    let starts: Vec<usize> = stdout
+        .lines()
+        .map(|line| line.rfind("  ").expect("columns two spaces apart") + 2)
+        .collect();
+    assert_eq!(starts.len(), 4, "{stdout}");
+    assert!(starts.iter().all(|s| *s == starts[0]), "{stdout}");
 
     let only_midtrans = Command::new(sekali_bin())
         .args(["events", "list", "--provider", "midtrans", "--db"])
