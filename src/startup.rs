@@ -29,6 +29,32 @@ pub enum StartupError {
     },
 }
 
+/// Connections the kernel queues while every worker is busy (actix's own default is 2,048).
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// Binds a socket to the first of `address`'s addresses that is free, without listening yet.
+fn reserve(address: &str) -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::net::ToSocketAddrs;
+    let mut last_error = None;
+    for candidate in address.to_socket_addrs()? {
+        let socket = Socket::new(
+            Domain::for_address(candidate),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        // As std's TcpListener::bind does: a restart need not wait out TIME_WAIT.
+        socket.set_reuse_address(true)?;
+        match socket.bind(&candidate.into()) {
+            Ok(()) => return Ok(socket),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to listen on")
+    }))
+}
+
 /// A built server: bound, with its writer and jobs started. Must be built and run inside an
 /// actix runtime (`actix_web::rt::System`, or `#[actix_web::test]`).
 pub struct Application {
@@ -46,6 +72,14 @@ impl Application {
         if let Some((relay, mail)) = &settings.relay {
             relay.validate(mail.check()?)?;
         }
+        // The address is reserved first, so a port already in use is refused before the
+        // database file is created; connections are accepted only once everything is ready.
+        let bind_error = |source| StartupError::Bind {
+            address: settings.listen.clone(),
+            source,
+        };
+        let reserved = reserve(&settings.listen).map_err(bind_error)?;
+
         let writer = Writer::start(
             WriterConfig {
                 db_path: settings.db_path.clone(),
@@ -58,12 +92,8 @@ impl Application {
             clock.clone(),
         )?;
         let reads = store::read_pool(&settings.db_path, 4, settings.busy_timeout)?;
-
-        let bind_error = |source| StartupError::Bind {
-            address: settings.listen.clone(),
-            source,
-        };
-        let listener = TcpListener::bind(&settings.listen).map_err(bind_error)?;
+        reserved.listen(LISTEN_BACKLOG).map_err(bind_error)?;
+        let listener = TcpListener::from(reserved);
         let address = listener.local_addr().map_err(bind_error)?;
 
         let clock_for_relay = clock.clone();

@@ -176,6 +176,28 @@ async fn events_list_piped_into_a_reader_that_stops_early_ends_quietly() {
 }
 
 #[test]
+fn serve_on_a_port_already_in_use_fails_before_creating_the_database() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("new.db");
+    let output = Command::new(sekali_bin())
+        .args(["serve", "--no-relay", "--listen", &address, "--db"])
+        .arg(&db)
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("cannot listen on {address}")),
+        "{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "no database file is left behind: {left:?}");
+}
+
+#[test]
 fn serve_refuses_to_start_without_any_provider_secret() {
     let dir = tempfile::tempdir().unwrap();
     let output = Command::new(sekali_bin())
