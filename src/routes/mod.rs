@@ -38,16 +38,35 @@ impl AppState {
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/webhooks/stripe", web::post().to(webhooks::stripe_webhook))
-        .route(
-            "/webhooks/midtrans",
-            web::post().to(webhooks::midtrans_webhook),
-        )
-        .route("/healthz", web::get().to(health::healthz))
-        .route("/orders", web::post().to(orders::create_order))
-        .route("/orders", web::get().to(orders::list_orders))
-        .route("/orders/{order_id}", web::get().to(orders::get_order))
-        .default_service(web::to(not_found));
+    cfg.service(
+        resource("/webhooks/stripe", "POST").route(web::post().to(webhooks::stripe_webhook)),
+    )
+    .service(
+        resource("/webhooks/midtrans", "POST").route(web::post().to(webhooks::midtrans_webhook)),
+    )
+    .service(
+        resource("/healthz", "GET, HEAD")
+            .route(web::get().to(health::healthz))
+            .route(web::head().to(health::healthz)),
+    )
+    .service(
+        resource("/orders", "GET, POST")
+            .route(web::post().to(orders::create_order))
+            .route(web::get().to(orders::list_orders)),
+    )
+    .service(resource("/orders/{order_id}", "GET").route(web::get().to(orders::get_order)))
+    .default_service(web::to(not_found));
+}
+
+/// A path sekali serves with the methods in `allow`. Another method gets 405 with `Allow`
+/// (someone opening a webhook URL in a browser learns the URL is right), not the 404 of a path
+/// that does not exist.
+fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move || async move {
+        HttpResponse::MethodNotAllowed()
+            .insert_header((actix_web::http::header::ALLOW, allow))
+            .json(serde_json::json!({ "error": format!("method not allowed; use {allow}") }))
+    }))
 }
 
 async fn not_found() -> HttpResponse {

@@ -283,6 +283,45 @@ async fn a_valid_signature_over_invalid_json_is_a_400_naming_the_problem() {
 }
 
 #[actix_web::test]
+async fn another_method_on_a_served_path_gets_405_with_allow_and_an_unknown_path_404() {
+    let app = spawn_app().await;
+    let send = |method: actix_web::http::Method, path: &str| {
+        app.client
+            .request(method, format!("{}{path}", app.address))
+            .send()
+    };
+    use actix_web::http::Method;
+    // Opening the registered URL in a browser: the URL is right, the method is not.
+    for (method, path, allow) in [
+        (Method::GET, "/webhooks/stripe", "POST"),
+        (Method::PUT, "/webhooks/midtrans", "POST"),
+        (Method::DELETE, "/orders", "GET, POST"),
+        (Method::POST, "/healthz", "GET, HEAD"),
+    ] {
+        let mut response = send(method.clone(), path).await.unwrap();
+        assert_eq!(response.status(), 405, "{method} {path}");
+        assert_eq!(
+            response.headers().get("allow").unwrap(),
+            allow,
+            "{method} {path}"
+        );
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"], format!("method not allowed; use {allow}"));
+    }
+    let head = send(Method::HEAD, "/healthz").await.unwrap();
+    assert_eq!(
+        head.status(),
+        200,
+        "load balancers may check health with HEAD"
+    );
+    let mut unknown = send(Method::POST, "/webhooks/paypal").await.unwrap();
+    assert_eq!(unknown.status(), 404);
+    let body: serde_json::Value = unknown.json().await.unwrap();
+    assert_eq!(body["error"], "not found");
+    assert_eq!(app.row_counts(), (0, 0, 0));
+}
+
+#[actix_web::test]
 async fn a_provider_without_a_secret_answers_404_not_configured() {
     let app = spawn_app_with(|s| {
         s.secrets = sekali::config::Secrets::from_values(None, Some(MIDTRANS_KEY))
