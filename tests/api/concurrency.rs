@@ -84,3 +84,87 @@ async fn the_same_event_twice_in_one_batch_applies_its_effects_once() {
         "one row, one order, one email for the pair"
     );
 }
+
+/// A `sekali serve` process on `db`, stopped (SIGKILL) when dropped.
+struct Server(std::process::Child, String);
+
+impl Server {
+    fn start(db: &std::path::Path) -> Self {
+        let port = free_port();
+        let child = std::process::Command::new(sekali_bin())
+            .args([
+                "serve",
+                "--no-relay",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--db",
+            ])
+            .arg(db)
+            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap();
+        let listening = (0..200).any(|_| {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(listening, "the server listens");
+        Server(child, format!("http://127.0.0.1:{port}/webhooks/stripe"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[actix_web::test]
+async fn two_servers_on_one_database_file_apply_each_event_once_between_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shared.db");
+    // Two processes, each with its own writer; SQLite's write lock orders their transactions.
+    let servers = [Server::start(&db), Server::start(&db)];
+    let client = &awc::Client::default();
+    let bodies = distinct_succeeded_bodies("shared", 100);
+    let servers_ref = &servers;
+    let answers = join_all(bodies.iter().flat_map(|body| {
+        servers_ref.iter().map(move |server| {
+            let header = stripe_header(body, sekali::clock::SystemClock.now_unix());
+            let request = client
+                .post(&server.1)
+                .insert_header(("Stripe-Signature", header))
+                .insert_header(("Content-Type", "application/json"));
+            async move {
+                let mut response = request.send_body(body.clone()).await.unwrap();
+                let answer: serde_json::Value = response.json().await.unwrap();
+                (response.status().as_u16(), answer)
+            }
+        })
+    }))
+    .await;
+
+    // Each event was sent to both at once: one applied it, the other saw its row.
+    for pair in answers.chunks(2) {
+        assert!(pair.iter().all(|(status, _)| *status == 200), "{pair:?}");
+        let mut outcomes: Vec<_> = pair.iter().map(|(_, a)| a["status"].clone()).collect();
+        outcomes.sort_by_key(|o| o.to_string());
+        assert_eq!(outcomes, ["duplicate", "processed"], "{pair:?}");
+    }
+    drop(servers);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    for table in [
+        "processed_events",
+        "orders",
+        "order_transitions",
+        "email_outbox",
+    ] {
+        let rows: i64 = conn
+            .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 100, "{table}");
+    }
+}
