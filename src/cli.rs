@@ -334,7 +334,7 @@ pub fn write_stdout(text: std::fmt::Arguments<'_>) {
 /// Prints a header and rows in columns two spaces apart, each as wide as its widest cell, so a
 /// long event type or order id does not push the columns after it out of line.
 fn print_columns<const N: usize>(header: [&str; N], rows: Vec<[String; N]>) {
-    let mut widths = header.map(str::len);
+    let mut widths = header.map(|h| h.chars().count());
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
@@ -349,7 +349,7 @@ fn print_columns<const N: usize>(header: [&str; N], rows: Vec<[String; N]>) {
                 line.push_str(cell);
             }
         }
-        crate::outln!("{line}");
+        crate::outln!("{}", line.trim_end());
     };
     line(header);
     for row in &rows {

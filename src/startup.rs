@@ -32,12 +32,12 @@ pub enum StartupError {
 /// Connections the kernel queues while every worker is busy (actix's own default is 2,048).
 const LISTEN_BACKLOG: i32 = 1024;
 
-/// Binds a socket to the first of `address`'s addresses that is free, without listening yet.
+/// Binds a socket to the first of `address`'s addresses that it can, without listening yet,
+/// trying the next one on any failure, as `TcpListener::bind` does.
 fn reserve(address: &str) -> std::io::Result<socket2::Socket> {
     use socket2::{Domain, Protocol, Socket, Type};
     use std::net::ToSocketAddrs;
-    let mut last_error = None;
-    for candidate in address.to_socket_addrs()? {
+    let bind = |candidate: std::net::SocketAddr| {
         let socket = Socket::new(
             Domain::for_address(candidate),
             Type::STREAM,
@@ -45,8 +45,13 @@ fn reserve(address: &str) -> std::io::Result<socket2::Socket> {
         )?;
         // As std's TcpListener::bind does: a restart need not wait out TIME_WAIT.
         socket.set_reuse_address(true)?;
-        match socket.bind(&candidate.into()) {
-            Ok(()) => return Ok(socket),
+        socket.bind(&candidate.into())?;
+        Ok::<_, std::io::Error>(socket)
+    };
+    let mut last_error = None;
+    for candidate in address.to_socket_addrs()? {
+        match bind(candidate) {
+            Ok(socket) => return Ok(socket),
             Err(e) => last_error = Some(e),
         }
     }
@@ -72,8 +77,10 @@ impl Application {
         if let Some((relay, mail)) = &settings.relay {
             relay.validate(mail.check()?)?;
         }
-        // The address is reserved first, so a port already in use is refused before the
+        // The address is bound first, so a port another server listens on is refused before the
         // database file is created; connections are accepted only once everything is ready.
+        // (Two servers starting at the same moment can both bind, as SO_REUSEADDR allows until
+        // one listens; the second then fails at `listen`, after opening its database.)
         let bind_error = |source| StartupError::Bind {
             address: settings.listen.clone(),
             source,

@@ -50,15 +50,21 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route(web::head().to(health::healthz)),
     )
     .service(
-        resource("/orders", "GET, POST")
+        resource("/orders", "GET, HEAD, POST")
             .route(web::post().to(orders::create_order))
-            .route(web::get().to(orders::list_orders)),
+            .route(web::get().to(orders::list_orders))
+            .route(web::head().to(orders::list_orders)),
     )
-    .service(resource("/orders/{order_id}", "GET").route(web::get().to(orders::get_order)))
+    .service(
+        resource("/orders/{order_id}", "GET, HEAD")
+            .route(web::get().to(orders::get_order))
+            .route(web::head().to(orders::get_order)),
+    )
     .default_service(web::to(not_found));
 }
 
-/// A path sekali serves with the methods in `allow`. Another method gets 405 with `Allow`
+/// A path sekali serves with the methods in `allow` (its routes, listed right after: HEAD
+/// wherever GET, whose answer it is without the body). Another method gets 405 with `Allow`
 /// (someone opening a webhook URL in a browser learns the URL is right), not the 404 of a path
 /// that does not exist.
 fn resource(path: &str, allow: &'static str) -> actix_web::Resource {

@@ -44,10 +44,26 @@ pub fn backup_database(
     let src = open_existing(source, false, busy_timeout)?;
     let partial = out.with_extension("partial");
     let _ = std::fs::remove_file(&partial);
-    let mut dst = Connection::open(&partial)
-        .map_err(|e| out_error(format!("creating {}: {e}", partial.display())))?;
+    let copied = copy_and_check(&src, &partial, out).map_err(|e| match e {
+        StoreError::Sqlite(e) => out_error(format!("writing {}: {e}", partial.display())),
+        other => other,
+    });
+    if copied.is_err() {
+        // Nothing half-written is left beside the backup the user asked for.
+        let _ = std::fs::remove_file(&partial);
+    }
+    copied
+}
+
+/// Copies `src` into a new database at `partial`, checks it, and renames it to `out`.
+fn copy_and_check(
+    src: &Connection,
+    partial: &Path,
+    out: &Path,
+) -> Result<BackupReport, StoreError> {
+    let mut dst = Connection::open(partial)?;
     {
-        let backup = Backup::new(&src, &mut dst)?;
+        let backup = Backup::new(src, &mut dst)?;
         loop {
             match backup.step(-1)? {
                 StepResult::Done => break,
@@ -62,7 +78,6 @@ pub fn backup_database(
     }
     let check: String = dst.query_row("PRAGMA integrity_check", [], |row| row.get(0))?;
     if check != "ok" {
-        let _ = std::fs::remove_file(&partial);
         return Err(StoreError::Integrity(check));
     }
     let report = BackupReport {
@@ -73,7 +88,9 @@ pub fn backup_database(
         orders: dst.query_row("SELECT count(*) FROM orders", [], |row| row.get(0))?,
     };
     drop(dst);
-    std::fs::rename(&partial, out)
-        .map_err(|e| out_error(format!("renaming the checked copy into place: {e}")))?;
+    std::fs::rename(partial, out).map_err(|e| StoreError::BackupOut {
+        path: out.display().to_string(),
+        reason: format!("renaming the checked copy into place: {e}"),
+    })?;
     Ok(report)
 }

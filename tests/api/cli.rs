@@ -133,14 +133,14 @@ async fn events_list_and_show_inspect_what_was_processed() {
 
 #[actix_web::test]
 async fn events_list_piped_into_a_reader_that_stops_early_ends_quietly() {
-    // `sekali events list | head -1`: 1,000 rows are about 130 KB, more than a pipe holds, so
-    // the command is still writing when the reader goes away.
+    // `sekali events list | head -1`: 3,000 rows are about 400 KB, several times what a pipe
+    // and the reader's buffer hold, so the command is still writing when the reader goes away.
     let app = spawn_app().await;
     let output = bench_binary(
         &app,
         "stripe",
         ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
-        &["--events", "1000", "--dup-ratio", "0", "--concurrency", "8"],
+        &["--events", "3000", "--dup-ratio", "0", "--concurrency", "8"],
     )
     .await;
     assert!(output.status.success(), "{output:?}");
@@ -148,7 +148,7 @@ async fn events_list_piped_into_a_reader_that_stops_early_ends_quietly() {
     let (status, first_line, stderr) = actix_web::rt::task::spawn_blocking(move || {
         use std::io::{BufRead, Read};
         let mut child = Command::new(sekali_bin())
-            .args(["events", "list", "--limit", "1000", "--db"])
+            .args(["events", "list", "--limit", "3000", "--db"])
             .arg(&db)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

@@ -85,57 +85,30 @@ async fn the_same_event_twice_in_one_batch_applies_its_effects_once() {
     );
 }
 
-/// A `sekali serve` process on `db`, stopped (SIGKILL) when dropped.
-struct Server(std::process::Child, String);
-
-impl Server {
-    fn start(db: &std::path::Path) -> Self {
-        let port = free_port();
-        let child = std::process::Command::new(sekali_bin())
-            .args([
-                "serve",
-                "--no-relay",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--db",
-            ])
-            .arg(db)
-            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .unwrap();
-        let listening = (0..200).any(|_| {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() || {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-                false
-            }
-        });
-        assert!(listening, "the server listens");
-        Server(child, format!("http://127.0.0.1:{port}/webhooks/stripe"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[actix_web::test]
 async fn two_servers_on_one_database_file_apply_each_event_once_between_them() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("shared.db");
     // Two processes, each with its own writer; SQLite's write lock orders their transactions.
-    let servers = [Server::start(&db), Server::start(&db)];
-    let client = &awc::Client::default();
+    let start = || {
+        ServeProcess::start_on(
+            Some(&db),
+            &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
+            "warn",
+            &["--no-relay"],
+        )
+    };
+    let servers = [start(), start()];
+    let client = &awc::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .finish();
     let bodies = distinct_succeeded_bodies("shared", 100);
     let servers_ref = &servers;
     let answers = join_all(bodies.iter().flat_map(|body| {
         servers_ref.iter().map(move |server| {
             let header = stripe_header(body, sekali::clock::SystemClock.now_unix());
             let request = client
-                .post(&server.1)
+                .post(format!("{}/webhooks/stripe", server.base_url()))
                 .insert_header(("Stripe-Signature", header))
                 .insert_header(("Content-Type", "application/json"));
             async move {

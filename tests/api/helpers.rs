@@ -264,7 +264,8 @@ pub struct ServeProcess {
     child: std::process::Child,
     pub port: u16,
     logs: Option<std::thread::JoinHandle<String>>,
-    dir: TempDir,
+    db: std::path::PathBuf,
+    _dir: TempDir,
 }
 
 impl ServeProcess {
@@ -275,7 +276,18 @@ impl ServeProcess {
 
     /// [`ServeProcess::start`] with more `serve` arguments.
     pub fn start_with(env: &[(&str, &str)], rust_log: &str, args: &[&str]) -> Self {
+        Self::start_on(None, env, rust_log, args)
+    }
+
+    /// [`ServeProcess::start_with`] on the database file `db` instead of one of its own.
+    pub fn start_on(
+        db: Option<&std::path::Path>,
+        env: &[(&str, &str)],
+        rust_log: &str,
+        args: &[&str],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let db = db.map_or_else(|| dir.path().join(SERVE_DB), ToOwned::to_owned);
         let port = free_port();
         let mut command = std::process::Command::new(sekali_bin());
         command
@@ -289,7 +301,7 @@ impl ServeProcess {
             .arg("--mail-dir")
             .arg(dir.path().join("mail"))
             .arg("--db")
-            .arg(dir.path().join(SERVE_DB))
+            .arg(&db)
             .args(args)
             .env_remove("STRIPE_WEBHOOK_SECRET")
             .env_remove("MIDTRANS_SERVER_KEY")
@@ -316,7 +328,8 @@ impl ServeProcess {
             child,
             port,
             logs: Some(logs),
-            dir,
+            db,
+            _dir: dir,
         }
     }
 
@@ -325,7 +338,7 @@ impl ServeProcess {
     }
 
     pub fn db_path(&self) -> std::path::PathBuf {
-        self.dir.path().join(SERVE_DB)
+        self.db.clone()
     }
 
     /// Sends SIGTERM and waits; the exit status and everything the server logged.
@@ -337,6 +350,14 @@ impl ServeProcess {
         assert!(kill.success());
         let status = self.child.wait().unwrap();
         (status, self.logs.take().unwrap().join().unwrap())
+    }
+}
+
+impl Drop for ServeProcess {
+    /// A test that fails before [`ServeProcess::stop`] leaves no server running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

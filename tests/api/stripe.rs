@@ -295,7 +295,8 @@ async fn another_method_on_a_served_path_gets_405_with_allow_and_an_unknown_path
     for (method, path, allow) in [
         (Method::GET, "/webhooks/stripe", "POST"),
         (Method::PUT, "/webhooks/midtrans", "POST"),
-        (Method::DELETE, "/orders", "GET, POST"),
+        (Method::DELETE, "/orders", "GET, HEAD, POST"),
+        (Method::PUT, "/orders/ord_1", "GET, HEAD"),
         (Method::POST, "/healthz", "GET, HEAD"),
     ] {
         let mut response = send(method.clone(), path).await.unwrap();
