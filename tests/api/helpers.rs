@@ -317,12 +317,20 @@ impl ServeProcess {
             std::io::Read::read_to_string(&mut stderr, &mut logs).unwrap();
             logs
         });
-        let listening = (0..200).any(|_| {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() || {
-                std::thread::sleep(Duration::from_millis(50));
-                false
+        let mut listening = false;
+        for _ in 0..200 {
+            // A server that exited (its port taken meanwhile) must not pass for one whose port
+            // answers: the answer could be another test's.
+            if let Some(status) = child.try_wait().unwrap() {
+                let logs = logs.join().unwrap();
+                panic!("sekali serve exited ({status}) before listening: {logs}");
             }
-        });
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                listening = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         assert!(listening, "the server listens");
         ServeProcess {
             child,
