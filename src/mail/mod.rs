@@ -118,8 +118,9 @@ fn subject(template: &str, locale: &str, order_id: &str) -> String {
     }
 }
 
-/// Renders a claimed outbox row. `from` is the sender address; the Message-ID's domain is its
-/// domain.
+/// Renders a claimed outbox row. `from` is the sender (`shop@example.com` or
+/// `Toko Sari <shop@example.com>`); the Message-ID's domain is its address's domain, and the
+/// emails are signed with its display name, or that domain when it has none.
 pub fn render(email: &ClaimedEmail, from: &str) -> Result<RenderedEmail, RenderError> {
     let params: serde_json::Value =
         serde_json::from_str(&email.params).map_err(|e| RenderError::Params(e.to_string()))?;
@@ -130,13 +131,22 @@ pub fn render(email: &ClaimedEmail, from: &str) -> Result<RenderedEmail, RenderE
         .map(|a| format_amount(a, currency))
         .unwrap_or_default();
     let refunded_minor = params["refunded_amount"].as_i64().unwrap_or(0);
+    // Checked at startup (`MailConfig::check`); a sender that does not parse keeps the defaults.
+    let sender = from.parse::<lettre::message::Mailbox>().ok();
+    let domain = sender
+        .as_ref()
+        .map_or_else(|| "localhost".to_owned(), |m| m.email.domain().to_owned());
+    let shop = sender
+        .and_then(|m| m.name)
+        .filter(|name| !name.trim().is_empty())
+        .unwrap_or_else(|| domain.clone());
     let ctx = context! {
         locale => locale,
         order_id => email.order_id.as_str(),
         amount => amount,
         refunded => format_amount(refunded_minor, currency),
         fully_refunded => params["status"].as_str() == Some("refunded"),
-        shop => from.split('@').nth(1).unwrap_or(from),
+        shop => shop,
     };
     let env = environment();
     let render_one = |format: &str| {
@@ -147,7 +157,6 @@ pub fn render(email: &ClaimedEmail, from: &str) -> Result<RenderedEmail, RenderE
     };
     let text = render_one("txt")?;
     let html = render_one("html")?;
-    let domain = from.rsplit_once('@').map_or("localhost", |(_, d)| d);
     Ok(RenderedEmail {
         from: from.to_owned(),
         to: email.recipient.clone().unwrap_or_default(),
@@ -212,6 +221,35 @@ mod tests {
             .unwrap()
             .text
             .contains("payment of Rp1.500.000"));
+    }
+
+    #[test]
+    fn a_sender_with_a_display_name_signs_with_it_and_keeps_the_message_id_well_formed() {
+        let email = ClaimedEmail {
+            id: 1,
+            order_id: "ord_1".into(),
+            recipient: Some("ana@example.com".into()),
+            template: "receipt".into(),
+            params: r#"{"order_id":"ord_1","status":"paid","amount":2500,"refunded_amount":0,"currency":"usd"}"#.into(),
+            idempotency_key: "abc123".into(),
+            attempts: 0,
+            locale: None,
+        };
+        let named = render(&email, "Toko Sari <shop@toko.example>").unwrap();
+        assert_eq!(named.message_id, "<abc123@toko.example>");
+        assert!(
+            named.text.contains("Best regards,\nToko Sari"),
+            "{}",
+            named.text
+        );
+        assert!(!named.html.contains("&gt;"), "{}", named.html);
+        let bare = render(&email, "shop@toko.example").unwrap();
+        assert_eq!(bare.message_id, "<abc123@toko.example>");
+        assert!(
+            bare.text.contains("Best regards,\ntoko.example"),
+            "{}",
+            bare.text
+        );
     }
 
     #[test]
