@@ -5,6 +5,11 @@
 //! `random(0, min(max_delay, base_delay · 2^(n−1)))` following failure n (or the server's
 //! `Retry-After`, capped at `max_delay`); permanent failures and rows that reach `max_attempts`
 //! become `dead`, the error kept in `last_error`; rows without a recipient become `skipped`.
+//! A transport that is down or refuses sekali's credentials ([`SendError::Unavailable`]) counts
+//! against no row: the rows it turned away wait with the same backoff, growing with each batch
+//! in a row that finds it unavailable, so the relay probes it less and less often and a row
+//! never dies of it. (The downstream key's lifetime is unaffected: such a request never reached
+//! the downstream.)
 //! Every attempt of a row carries the same idempotency key (file name, `Idempotency-Key`
 //! header, Message-ID), so a downstream can recognise a resend.
 
@@ -145,6 +150,8 @@ pub async fn run_relay(
         .seed
         .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
     tracing::info!(owner = %config.owner, transport = transport.kind(), "outbox relay started");
+    // Batches in a row that found the transport unavailable.
+    let mut outage = 0u32;
     while !shutdown.is_cancelled() {
         let claimed = match outbox::claim_due(
             &conn,
@@ -173,8 +180,26 @@ pub async fn run_relay(
                 .map(|email| attempt(&config, &transport, email)),
         )
         .await;
+        let unavailable = attempts
+            .iter()
+            .filter(|a| matches!(a, Some(Err(SendError::Unavailable(_)))))
+            .count();
+        if unavailable > 0 {
+            outage += 1;
+            tracing::warn!(
+                rows = unavailable,
+                batches_in_a_row = outage,
+                reason = %attempts.iter().find_map(|a| match a {
+                    Some(Err(SendError::Unavailable(reason))) => Some(reason.as_str()),
+                    _ => None,
+                }).unwrap_or_default(),
+                "the email transport is unavailable; its rows wait, with no try counted"
+            );
+        } else if attempts.iter().any(|a| matches!(a, Some(Ok(())))) {
+            outage = 0;
+        }
         for (email, result) in claimed.into_iter().zip(attempts) {
-            if let Err(e) = record_result(&conn, &config, &clock, &mut rng, email, result) {
+            if let Err(e) = record_result(&conn, &config, &clock, &mut rng, outage, email, result) {
                 tracing::warn!(error = ?e, "recording an outbox result failed; the row will be retried after its lease");
             }
         }
@@ -201,6 +226,7 @@ fn record_result(
     config: &RelayConfig,
     clock: &SharedClock,
     rng: &mut fastrand::Rng,
+    outage: u32,
     email: ClaimedEmail,
     result: Option<Result<(), SendError>>,
 ) -> Result<(), StoreError> {
@@ -217,6 +243,18 @@ fn record_result(
             let owned = outbox::mark_sent(conn, id, &config.owner, now)?;
             tracing::debug!(id, key = %key, "email sent");
             owned
+        }
+        Err(SendError::Unavailable(reason)) => {
+            let delay = backoff_delay(config, rng, outage.max(1));
+            tracing::debug!(id, key = %key, retry_in_ms = delay.as_millis() as u64, "email waits for the transport");
+            outbox::mark_unavailable(
+                conn,
+                id,
+                &config.owner,
+                now,
+                &reason,
+                now + delay.as_millis() as i64,
+            )?
         }
         Err(SendError::Permanent(reason)) => {
             tracing::warn!(id, key = %key, reason = %reason, "email failed permanently; row is dead");

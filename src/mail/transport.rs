@@ -1,9 +1,10 @@
 //! The transports that deliver rendered emails, and how their failures are classified.
 //!
-//! Transient failures (connection errors, timeouts, SMTP 4xx, HTTP 408/429/5xx) are retried
-//! with backoff; permanent ones (SMTP 5xx to MAIL FROM, RCPT or DATA, other HTTP 4xx) make the
-//! row dead at once. A failure to connect, say EHLO or authenticate is transient for every row,
-//! so one wrong password cannot kill the queue.
+//! Transient failures (timeouts, SMTP 4xx, HTTP 408/429/5xx) are retried with backoff;
+//! permanent ones (SMTP 5xx to MAIL FROM, RCPT or DATA, other HTTP 4xx) make the row dead at
+//! once. A transport that cannot be reached or refuses sekali's credentials (SMTP connect, EHLO
+//! or AUTH; HTTP connect, 401, 403) is [`SendError::Unavailable`]: not the row's failure, so it
+//! is not counted against the row, and a down server or a wrong password cannot kill the queue.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -29,6 +30,9 @@ pub enum SendError {
     },
     /// Will not heal: the row becomes dead.
     Permanent(String),
+    /// The transport itself is down or refuses sekali's credentials; the row was never handed
+    /// over. Not a try of the row: it waits for the transport (see `jobs::relay`).
+    Unavailable(String),
 }
 
 impl SendError {
@@ -171,9 +175,13 @@ impl Transport {
                 // reply code, so that a bad password or a down server never kills a row.
                 match transport.test_connection().await {
                     Ok(true) => {}
-                    Ok(false) => return Err(SendError::transient("the SMTP server is not ready")),
+                    Ok(false) => {
+                        return Err(SendError::Unavailable(
+                            "the SMTP server is not ready".into(),
+                        ))
+                    }
                     Err(e) => {
-                        return Err(SendError::transient(format!(
+                        return Err(SendError::Unavailable(format!(
                             "connecting to the SMTP server: {e}"
                         )))
                     }
@@ -258,7 +266,12 @@ async fn send_http(
         .insert_header(("Idempotency-Key", email.idempotency_key.as_str()))
         .send_json(&body)
         .await
-        .map_err(|e| SendError::transient(format!("email API request failed: {e}")))?;
+        .map_err(|e| match e {
+            awc::error::SendRequestError::Connect(e) => {
+                SendError::Unavailable(format!("connecting to the email API: {e}"))
+            }
+            e => SendError::transient(format!("email API request failed: {e}")),
+        })?;
     let status = response.status().as_u16();
     if (200..300).contains(&status) {
         return Ok(());
@@ -280,6 +293,8 @@ async fn send_http(
         text.chars().take(200).collect::<String>()
     );
     match status {
+        // The API refuses sekali's key: true of every row alike.
+        401 | 403 => Err(SendError::Unavailable(reason)),
         408 | 429 | 500..=599 => Err(SendError::Transient {
             reason,
             retry_after: if status == 429 || status == 503 {

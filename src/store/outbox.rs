@@ -136,16 +136,48 @@ pub fn mark_failed(
     error: &str,
     retry_at_ms: Option<i64>,
 ) -> Result<bool, StoreError> {
+    record_failure(conn, id, owner, now_ms, error, retry_at_ms, 1)
+}
+
+/// The transport was unavailable: due again at `retry_at_ms`, with the error kept but no try
+/// counted. False when this relay no longer held the lease.
+pub fn mark_unavailable(
+    conn: &Connection,
+    id: i64,
+    owner: &str,
+    now_ms: i64,
+    error: &str,
+    retry_at_ms: i64,
+) -> Result<bool, StoreError> {
+    record_failure(conn, id, owner, now_ms, error, Some(retry_at_ms), 0)
+}
+
+fn record_failure(
+    conn: &Connection,
+    id: i64,
+    owner: &str,
+    now_ms: i64,
+    error: &str,
+    retry_at_ms: Option<i64>,
+    tries: i64,
+) -> Result<bool, StoreError> {
     let now = iso_millis(now_ms);
     in_write_transaction(conn, || {
         Ok(conn
             .prepare_cached(
-                "UPDATE email_outbox SET attempts = attempts + 1, last_error = ?4,
+                "UPDATE email_outbox SET attempts = attempts + ?6, last_error = ?4,
                         status = CASE WHEN ?5 IS NULL THEN 'dead' ELSE 'pending' END,
                         next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL
                  WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
             )?
-            .execute(params![id, owner, now, error, retry_at_ms.map(iso_millis)])?
+            .execute(params![
+                id,
+                owner,
+                now,
+                error,
+                retry_at_ms.map(iso_millis),
+                tries
+            ])?
             == 1)
     })
 }

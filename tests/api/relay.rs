@@ -242,6 +242,76 @@ async fn transient_failures_are_retried_with_the_same_key_until_sent() {
 }
 
 #[actix_web::test]
+async fn a_refused_key_or_a_down_api_counts_no_try_so_the_row_outlives_the_attempt_limit() {
+    let app = spawn_app().await;
+    // The API refuses the key seven times (the operator fixing it meanwhile), then accepts.
+    let mock = spawn_mock(Arc::new(|_, attempt| {
+        (if attempt <= 7 { 401 } else { 200 }, None, Duration::ZERO)
+    }))
+    .await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+    let config = relay_config(&app.db_path);
+    assert!(
+        config.max_attempts < 7,
+        "more refusals than the limit allows tries"
+    );
+    let relay = start_relay(&app, config, http_mail(&mock.url));
+
+    let released =
+        || app.count("SELECT count(*) FROM email_outbox WHERE id = 1 AND lease_owner IS NULL") == 1;
+    for refusals in 1..=7 {
+        wait_for("a refusal to be recorded", || {
+            mock.seen().len() == refusals && released()
+        })
+        .await;
+        let r = row(&app, 1);
+        assert_eq!((r.status.as_str(), r.attempts), ("pending", 0), "{r:?}");
+        assert!(r.last_error.as_deref().unwrap().contains("401"), "{r:?}");
+        app.clock.advance(Duration::from_secs(8)); // past any backoff (max 8 s)
+    }
+    wait_for("the row to be sent", || row(&app, 1).status == "sent").await;
+    let r = row(&app, 1);
+    assert_eq!(
+        (r.attempts, r.last_error),
+        (1, None),
+        "only the send counts"
+    );
+    drop(relay);
+
+    // A server that does not answer at all is the same: nothing listens on this port.
+    app.deliver_stripe("payment_intent.payment_failed").await;
+    let nowhere = format!("http://127.0.0.1:{}/emails", free_port());
+    let mut config = relay_config(&app.db_path);
+    config.owner = "relay-to-nowhere".into();
+    let _lost = start_relay(&app, config, http_mail(&nowhere));
+    let second = app.count("SELECT max(id) FROM email_outbox");
+    let mut previous = row(&app, second).next_attempt_ms;
+    for _ in 0..7 {
+        // Each failure reschedules the row past the last one (the clock moves 8 s each time).
+        wait_for("a connection failure to be recorded", || {
+            let r = row(&app, second);
+            r.last_error.is_some()
+                && r.next_attempt_ms != previous
+                && app.count(&format!(
+                    "SELECT count(*) FROM email_outbox WHERE id = {second} AND lease_owner IS NULL"
+                )) == 1
+        })
+        .await;
+        let r = row(&app, second);
+        assert_eq!((r.status.as_str(), r.attempts), ("pending", 0), "{r:?}");
+        assert!(
+            r.last_error
+                .as_deref()
+                .unwrap()
+                .contains("connecting to the email API"),
+            "{r:?}"
+        );
+        previous = r.next_attempt_ms;
+        app.clock.advance(Duration::from_secs(8));
+    }
+}
+
+#[actix_web::test]
 async fn backoff_delays_stay_within_their_bounds_and_the_attempt_limit_makes_a_row_dead() {
     let app = spawn_app().await;
     let mock = spawn_mock(always(500)).await;
@@ -511,18 +581,30 @@ async fn an_smtp_server_that_cannot_be_reached_never_kills_a_row() {
     let app = spawn_app().await;
     let closed = free_port();
     app.deliver_stripe("payment_intent.succeeded").await;
-    let _relay = start_relay(&app, relay_config(&app.db_path), smtp_mail(closed));
-    wait_for("a failed try", || row(&app, 1).attempts == 1).await;
-    let r = row(&app, 1);
-    assert_eq!(r.status, "pending", "a connection failure is transient");
-    assert!(r
-        .last_error
-        .unwrap()
-        .contains("connecting to the SMTP server"));
+    let config = relay_config(&app.db_path);
+    let limit = config.max_attempts;
+    let _relay = start_relay(&app, config, smtp_mail(closed));
+    // More failed connections than the attempt limit: none is a try of the row.
+    let mut previous = row(&app, 1).next_attempt_ms;
+    for _ in 0..=limit {
+        wait_for("a connection failure to be recorded", || {
+            let r = row(&app, 1);
+            r.last_error.is_some() && r.next_attempt_ms != previous
+        })
+        .await;
+        let r = row(&app, 1);
+        assert_eq!((r.status.as_str(), r.attempts), ("pending", 0), "{r:?}");
+        assert!(r
+            .last_error
+            .unwrap()
+            .contains("connecting to the SMTP server"));
+        previous = r.next_attempt_ms;
+        app.clock.advance(Duration::from_secs(8));
+    }
 }
 
 #[actix_web::test]
-async fn a_wrong_smtp_password_is_transient_for_every_row() {
+async fn a_wrong_smtp_password_counts_against_no_row() {
     let app = spawn_app().await;
     let sink = actix_web::rt::task::spawn_blocking(start_smtp_sink)
         .await
@@ -534,11 +616,12 @@ async fn a_wrong_smtp_password_is_transient_for_every_row() {
         sink.port
     )));
     let relay = start_relay(&app, relay_config(&app.db_path), mail);
-    wait_for("a failed try", || row(&app, 1).attempts == 1).await;
+    wait_for("a refused login", || row(&app, 1).last_error.is_some()).await;
     let r = row(&app, 1);
     assert_eq!(
-        r.status, "pending",
-        "an authentication failure must not kill the row"
+        (r.status.as_str(), r.attempts),
+        ("pending", 0),
+        "an authentication failure is not a try of the row, and must not kill it"
     );
     let error = r.last_error.unwrap();
     assert!(
