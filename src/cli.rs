@@ -52,6 +52,16 @@ pub enum Command {
     Outbox(OutboxCommand),
 }
 
+/// A duration such as `90s`, `12h` or `30d`, longer than zero: a zero interval would spin and
+/// a zero retention would keep nothing.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("must be longer than zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct DbArgs {
     /// SQLite database file.
@@ -68,31 +78,35 @@ pub struct ServeArgs {
     #[arg(long, env = "SEKALI_DB", default_value = "sekali.db")]
     pub db: PathBuf,
     /// Accepted distance in seconds between a Stripe signature's timestamp and now, both ways.
-    #[arg(long, default_value_t = crate::providers::stripe::DEFAULT_TOLERANCE_SECS)]
+    #[arg(long, default_value_t = crate::providers::stripe::DEFAULT_TOLERANCE_SECS,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub stripe_tolerance: u64,
     /// Largest accepted request body in bytes; larger ones get 413.
-    #[arg(long, default_value_t = config::DEFAULT_MAX_BODY_BYTES)]
+    #[arg(long, default_value_t = config::DEFAULT_MAX_BODY_BYTES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..))]
     pub max_body_bytes: usize,
     /// How long Stripe event ids are remembered (longer than Stripe's 30-day resend window).
-    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30d", value_parser = positive_duration)]
     pub stripe_retention: Duration,
     /// How long Midtrans event ids are remembered (its retries end within about 6 hours).
-    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "7d", value_parser = positive_duration)]
     pub midtrans_retention: Duration,
     /// How often expired event ids are purged.
-    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = positive_duration)]
     pub purge_interval: Duration,
     /// Most deliveries committed by one transaction (1 = one transaction per delivery).
     #[arg(long, default_value_t = config::DEFAULT_BATCH_MAX as u32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_max: u32,
     /// Deliveries that may wait for the writer before new ones get 503 with Retry-After.
-    #[arg(long, default_value_t = config::DEFAULT_QUEUE_CAPACITY)]
+    #[arg(long, default_value_t = config::DEFAULT_QUEUE_CAPACITY,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub queue_capacity: usize,
     /// How long Idempotency-Keys of the orders API and their stored responses are kept.
-    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "24h", value_parser = positive_duration)]
     pub idempotency_retention: Duration,
-    /// HTTP worker threads (default: one per core).
-    #[arg(long, default_value_t = 0)]
+    /// HTTP worker threads, at most 512 (0: one per core).
+    #[arg(long, default_value_t = 0,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=512))]
     pub workers: usize,
     /// Do not run the outbox relay in this process (run `sekali relay` elsewhere).
     #[arg(long)]
@@ -110,22 +124,22 @@ pub struct RelayArgs {
     #[arg(long, default_value = "mail")]
     pub mail_dir: PathBuf,
     /// Backoff base: after failure n the delay is random(0, min(max, base*2^(n-1))).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
     pub relay_base_delay: Duration,
     /// Backoff cap (also caps a server's Retry-After).
-    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = positive_duration)]
     pub relay_max_delay: Duration,
     /// Transport tries before a row is dead.
     #[arg(long, default_value_t = crate::jobs::relay::DEFAULT_MAX_ATTEMPTS)]
     pub relay_max_attempts: u32,
     /// How long a relay holds the rows it claimed; longer than the transport timeout.
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = positive_duration)]
     pub relay_lease: Duration,
     /// Longest a single send may take.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
     pub relay_timeout: Duration,
     /// How often an idle relay looks for due rows.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = positive_duration)]
     pub relay_poll_interval: Duration,
 }
 
@@ -588,9 +602,14 @@ fn outbox(command: OutboxCommand) -> ExitCode {
                     crate::outln!("outbox row {id}: dead -> pending");
                     ExitCode::SUCCESS
                 }
-                Ok(false) => fail(format!(
-                    "outbox row {id} is not dead (only dead rows can be retried)"
-                )),
+                Ok(false) => match store::outbox::get(&conn, id) {
+                    Ok(Some(row)) => fail(format!(
+                        "outbox row {id} is {}, not dead (only dead rows can be retried)",
+                        row.status
+                    )),
+                    Ok(None) => fail(format!("no outbox row with id {id}")),
+                    Err(e) => fail(e),
+                },
                 Err(e) => fail(e),
             }
         }

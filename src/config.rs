@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 
 use crate::providers::stripe::DEFAULT_TOLERANCE_SECS;
 use crate::store::events::Retention;
@@ -51,6 +51,8 @@ pub struct ApiToken {
 pub enum ConfigError {
     #[error("{ENV_API_TOKENS} must be comma-separated name:token pairs with non-empty names and tokens; entry {0} is not")]
     BadApiToken(usize),
+    #[error("{ENV_API_TOKENS}: entries {first} and {second} have the same token, so a caller could not be told apart (its Idempotency-Keys are scoped to its name); give each service its own")]
+    SharedApiToken { first: usize, second: usize },
     #[error(
         "refusing to start: no provider is configured. Set {ENV_STRIPE_SECRET} (comma-separated \
          whsec_... secrets) and/or {ENV_MIDTRANS_KEY} (the Midtrans server key)"
@@ -98,9 +100,11 @@ impl Secrets {
     }
 }
 
-/// Parses `name:token,name:token`; blank input means no tokens (the orders API is off).
+/// Parses `name:token,name:token`; blank input means no tokens (the orders API is off). One
+/// name may have several tokens (rotation); one token may not serve two names.
 pub fn parse_api_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
-    text.split(',')
+    let tokens: Vec<ApiToken> = text
+        .split(',')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
         .enumerate()
@@ -113,7 +117,19 @@ pub fn parse_api_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
             }
             _ => Err(ConfigError::BadApiToken(i + 1)),
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    for (second, later) in tokens.iter().enumerate() {
+        if let Some(first) = tokens[..second]
+            .iter()
+            .position(|t| t.token.expose_secret() == later.token.expose_secret())
+        {
+            return Err(ConfigError::SharedApiToken {
+                first: first + 1,
+                second: second + 1,
+            });
+        }
+    }
+    Ok(tokens)
 }
 
 /// Everything `sekali serve` needs.
@@ -182,5 +198,27 @@ impl Settings {
             stripe_secs: self.stripe_retention.as_secs() as i64,
             midtrans_secs: self.midtrans_retention.as_secs() as i64,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_name_may_have_several_tokens_but_one_token_not_several_names() {
+        let rotating = parse_api_tokens("shop:old-token, shop:new-token,").unwrap();
+        assert_eq!(rotating.len(), 2);
+        assert!(matches!(
+            parse_api_tokens("shop:tok,billing:other,audit:tok"),
+            Err(ConfigError::SharedApiToken {
+                first: 1,
+                second: 3
+            })
+        ));
+        assert!(matches!(
+            parse_api_tokens("shop:"),
+            Err(ConfigError::BadApiToken(1))
+        ));
     }
 }

@@ -29,6 +29,27 @@ pub enum StartupError {
     },
 }
 
+/// A retention shorter than the provider's redelivery window lets a redelivery after it count
+/// as new. Allowed (tests and soaks shorten it on purpose), but said at startup.
+fn warn_of_short_retention(settings: &Settings) {
+    const STRIPE_RESEND_WINDOW: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+    const MIDTRANS_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+    if !settings.secrets.stripe.is_empty() && settings.stripe_retention < STRIPE_RESEND_WINDOW {
+        tracing::warn!(
+            retention = %humantime::format_duration(settings.stripe_retention),
+            "--stripe-retention is shorter than Stripe's 30-day resend window (automatic retries \
+             last 3 days): a redelivery after it is processed as a new event"
+        );
+    }
+    if settings.secrets.midtrans.is_some() && settings.midtrans_retention < MIDTRANS_RETRY_WINDOW {
+        tracing::warn!(
+            retention = %humantime::format_duration(settings.midtrans_retention),
+            "--midtrans-retention is shorter than Midtrans' retries (about 6 hours): a retry \
+             after it is processed as a new event"
+        );
+    }
+}
+
 /// Connections the kernel queues while every worker is busy (actix's own default is 2,048).
 const LISTEN_BACKLOG: i32 = 1024;
 
@@ -74,9 +95,7 @@ pub struct Application {
 impl Application {
     pub fn build(settings: Settings, clock: SharedClock) -> Result<Self, StartupError> {
         settings.secrets.require_any()?;
-        if let Some((relay, mail)) = &settings.relay {
-            relay.validate(mail.check()?)?;
-        }
+        warn_of_short_retention(&settings);
         // The address is bound first, so a port another server listens on is refused before the
         // database file is created; connections are accepted only once everything is ready.
         // (Two servers starting at the same moment can both bind, as SO_REUSEADDR allows until
@@ -86,6 +105,9 @@ impl Application {
             source,
         };
         let reserved = reserve(&settings.listen).map_err(bind_error)?;
+        if let Some((relay, mail)) = &settings.relay {
+            relay.validate(mail.check()?)?;
+        }
 
         let writer = Writer::start(
             WriterConfig {

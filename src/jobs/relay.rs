@@ -91,6 +91,8 @@ pub enum RelayConfigError {
     HorizonTooLong { horizon: Duration },
     #[error("--relay-max-attempts must be at least 1")]
     NoAttempts,
+    #[error("--relay-base-delay ({base:?}) must not be longer than --relay-max-delay ({max:?})")]
+    BaseOverMax { base: Duration, max: Duration },
 }
 
 impl RelayConfig {
@@ -115,6 +117,12 @@ impl RelayConfig {
     pub fn validate(&self, http_transport: bool) -> Result<(), RelayConfigError> {
         if self.max_attempts == 0 {
             return Err(RelayConfigError::NoAttempts);
+        }
+        if self.base_delay > self.max_delay {
+            return Err(RelayConfigError::BaseOverMax {
+                base: self.base_delay,
+                max: self.max_delay,
+            });
         }
         if self.lease <= self.transport_timeout {
             return Err(RelayConfigError::LeaseTooShort {

@@ -64,6 +64,10 @@ pub enum TransportError {
     MissingApiKey,
     #[error("{ENV_MAIL_FROM} `{0}` is not an email address")]
     From(String),
+    #[error("{ENV_MAIL_API_URL} `{0}` is not an http:// or https:// URL")]
+    ApiUrl(String),
+    #[error("the mail directory {dir} cannot be created: {reason}")]
+    MailDir { dir: String, reason: String },
 }
 
 pub enum Transport {
@@ -101,7 +105,9 @@ impl MailConfig {
 }
 
 impl MailConfig {
-    /// Checks the settings without building anything; true when the HTTP email API is chosen.
+    /// Checks the settings, and for the file transport creates the mail directory, so that a
+    /// mistake stops startup instead of the first email; true when the HTTP email API is
+    /// chosen.
     pub fn check(&self) -> Result<bool, TransportError> {
         self.from
             .parse::<Mailbox>()
@@ -111,12 +117,24 @@ impl MailConfig {
                 .map_err(|e| TransportError::SmtpUrl(e.to_string()))?;
             return Ok(false);
         }
-        if self.http_url.is_some() {
+        if let Some(url) = &self.http_url {
+            let parsed = url.parse::<awc::http::Uri>().ok();
+            if !parsed.is_some_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
+            }) {
+                return Err(TransportError::ApiUrl(url.clone()));
+            }
             self.http_api_key
                 .as_ref()
                 .ok_or(TransportError::MissingApiKey)?;
             return Ok(true);
         }
+        // The file transport: its directory must exist or be creatable now, not at the first
+        // email.
+        std::fs::create_dir_all(&self.mail_dir).map_err(|e| TransportError::MailDir {
+            dir: self.mail_dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
         Ok(false)
     }
 }

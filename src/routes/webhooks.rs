@@ -153,9 +153,7 @@ fn respond(
             match error {
                 // Logged where the event id is known, in `record`.
                 WebhookError::Unavailable(_) => {}
-                WebhookError::Overloaded => {
-                    tracing::warn!(%provider, "write queue full; answered 503")
-                }
+                WebhookError::Overloaded => QUEUE_FULL.note(provider),
                 _ => tracing::info!(
                     %provider,
                     status = error.status_code().as_u16(),
@@ -164,6 +162,49 @@ fn respond(
                 ),
             }
             error.error_response()
+        }
+    }
+}
+
+/// Deliveries answered 503 because the write queue was full, logged at most once a second with
+/// how many there were since the last line: under overload there can be tens of thousands a
+/// second, and a line each would bury everything else in the log.
+static QUEUE_FULL: QueueFullLog = QueueFullLog::new();
+
+struct QueueFullLog {
+    /// Unix second of the last line.
+    logged_at: std::sync::atomic::AtomicU64,
+    /// Refused since the last line.
+    refused: std::sync::atomic::AtomicU64,
+}
+
+impl QueueFullLog {
+    const fn new() -> Self {
+        QueueFullLog {
+            logged_at: std::sync::atomic::AtomicU64::new(0),
+            refused: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn note(&self, provider: Provider) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.refused.fetch_add(1, Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let last = self.logged_at.load(Relaxed);
+        if now > last
+            && self
+                .logged_at
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            let refused = self.refused.swap(0, Relaxed);
+            tracing::warn!(
+                %provider,
+                refused,
+                "write queue full: answered 503 with Retry-After (count since the last such line, at most one a second)"
+            );
         }
     }
 }

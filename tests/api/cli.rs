@@ -198,6 +198,99 @@ fn serve_on_a_port_already_in_use_fails_before_creating_the_database() {
 }
 
 #[test]
+fn serve_refuses_settings_that_cannot_work_at_startup_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let a_file = dir.path().join("a-file");
+    std::fs::write(&a_file, "not a directory").unwrap();
+    let under_a_file = a_file.join("mail").display().to_string();
+    /// `serve` arguments, environment, and what the refusal must say.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 11] = [
+        (&["--purge-interval", "0s"], &[], "must be longer than zero"),
+        (
+            &["--relay-poll-interval", "0s"],
+            &[],
+            "must be longer than zero",
+        ),
+        (
+            &["--stripe-retention", "0s"],
+            &[],
+            "must be longer than zero",
+        ),
+        (&["--workers", "600"], &[], "600 is not in 0..=512"),
+        (&["--queue-capacity", "0"], &[], "0 is not in 1.."),
+        (&["--max-body-bytes", "10"], &[], "10 is not in 1024.."),
+        (&["--stripe-tolerance", "0"], &[], "0 is not in 1.."),
+        (
+            &["--relay-base-delay", "10m", "--relay-max-delay", "1m"],
+            &[],
+            "--relay-base-delay (600s) must not be longer than --relay-max-delay (60s)",
+        ),
+        (
+            &[],
+            &[
+                ("SEKALI_MAIL_API_URL", "notaurl"),
+                ("SEKALI_MAIL_API_KEY", "k"),
+            ],
+            "SEKALI_MAIL_API_URL `notaurl` is not an http:// or https:// URL",
+        ),
+        (&["--mail-dir", &under_a_file], &[], "cannot be created"),
+        (
+            &[],
+            &[("SEKALI_API_TOKENS", "shop:tok,billing:tok")],
+            "entries 1 and 2 have the same token",
+        ),
+    ];
+    let db = dir.path().join("never.db");
+    for (args, env, expected) in cases {
+        let output = Command::new(sekali_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+            .arg(&db)
+            .args(args)
+            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} {env:?} started");
+        assert!(stderr.contains(expected), "{args:?} {env:?}: {stderr}");
+        assert!(!db.exists(), "{args:?} {env:?} created the database");
+    }
+}
+
+#[test]
+fn serve_warns_of_a_retention_shorter_than_the_providers_redelivery_window() {
+    let server = ServeProcess::start_with(
+        &[
+            ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+            ("MIDTRANS_SERVER_KEY", MIDTRANS_KEY),
+        ],
+        "info",
+        &[
+            "--no-relay",
+            "--stripe-retention",
+            "1h",
+            "--midtrans-retention",
+            "10m",
+        ],
+    );
+    let (_, logs) = server.stop();
+    assert!(
+        logs.contains("--stripe-retention is shorter than Stripe's 30-day resend window")
+            && logs.contains("retention=1h"),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("--midtrans-retention is shorter than Midtrans' retries")
+            && logs.contains("retention=10m"),
+        "{logs}"
+    );
+    let defaults = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
+    let (_, logs) = defaults.stop();
+    assert!(!logs.contains("is shorter than"), "{logs}");
+}
+
+#[test]
 fn serve_refuses_to_start_without_any_provider_secret() {
     let dir = tempfile::tempdir().unwrap();
     let output = Command::new(sekali_bin())

@@ -141,3 +141,61 @@ async fn a_full_write_queue_answers_503_with_retry_after() {
     assert!(overloaded >= 1, "some deliveries found the queue full");
     assert_eq!(app.count("SELECT count(*) FROM processed_events"), 0);
 }
+
+#[test]
+fn an_overloaded_server_logs_the_full_queue_once_a_second_with_a_count_not_once_a_refusal() {
+    // One delivery may wait for the writer; 64 connections send 3,000: most find it full.
+    let server = ServeProcess::start_with(
+        &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
+        "info",
+        &["--no-relay", "--queue-capacity", "1"],
+    );
+    let bench = std::process::Command::new(sekali_bin())
+        .args(["bench", "--url"])
+        .arg(format!("{}/webhooks/stripe", server.base_url()))
+        .args([
+            "--events",
+            "3000",
+            "--dup-ratio",
+            "0",
+            "--concurrency",
+            "64",
+        ])
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .output()
+        .unwrap();
+    let (_, logs) = server.stop();
+    let report: serde_json::Value =
+        serde_json::from_slice(bench.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    let refused = report["non_2xx"]["503"].as_u64().unwrap_or(0);
+    let seconds = report["seconds"].as_f64().unwrap();
+    assert!(refused >= 100, "the queue was full often: {report}");
+    let lines: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("write queue full"))
+        .collect();
+    assert!(!lines.is_empty(), "{logs}");
+    assert!(
+        lines.len() as f64 <= seconds.ceil() + 1.0,
+        "{} lines for {refused} refusals in {seconds:.1} s",
+        lines.len()
+    );
+    // Each line counts the refusals since the one before; those after the last line wait for
+    // the next.
+    let counted: u64 = lines
+        .iter()
+        .map(|l| {
+            let at = l.find("refused=").expect("a count") + "refused=".len();
+            l[at..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert!(
+        counted >= 1 && counted <= refused,
+        "{counted} counted of {refused}"
+    );
+}

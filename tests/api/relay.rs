@@ -419,6 +419,21 @@ async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives
         .output()
         .unwrap();
     assert!(!again.status.success(), "only dead rows can be retried");
+    assert!(
+        String::from_utf8_lossy(&again.stderr)
+            .contains("outbox row 1 is pending, not dead (only dead rows can be retried)"),
+        "{again:?}"
+    );
+    let missing = Command::new(sekali_bin())
+        .args(["outbox", "retry", "99999", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no outbox row with id 99999"),
+        "{missing:?}"
+    );
 
     // The revived row is due at the real time of the retry; the relay's clock must reach it.
     app.clock.set(sekali::clock::SystemClock.now_unix() + 1);
