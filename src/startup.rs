@@ -169,6 +169,7 @@ impl Application {
             db = %settings.db_path.display(),
             stripe = !settings.secrets.stripe.is_empty(),
             midtrans = settings.secrets.midtrans.is_some(),
+            relay = relay.is_some(),
             "sekali is listening"
         );
         Ok(Application {

@@ -157,7 +157,12 @@ pub async fn run_relay(
     let mut rng = config
         .seed
         .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
-    tracing::info!(owner = %config.owner, transport = transport.kind(), "outbox relay started");
+    tracing::info!(
+        owner = %config.owner,
+        transport = transport.kind(),
+        mail_dir = %transport.mail_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+        "outbox relay started"
+    );
     // Batches in a row that found the transport unavailable.
     let mut outage = 0u32;
     while !shutdown.is_cancelled() {

@@ -176,6 +176,14 @@ impl Transport {
         }
     }
 
+    /// Where the file transport writes; `None` for the others.
+    pub fn mail_dir(&self) -> Option<&std::path::Path> {
+        match self {
+            Transport::File { dir } => Some(dir),
+            _ => None,
+        }
+    }
+
     pub fn is_http(&self) -> bool {
         matches!(self, Transport::Http { .. })
     }
