@@ -86,6 +86,7 @@ fn measure(label: &str, extra: &[&str], events: usize, concurrency: usize) -> (B
         threads: 1,
         rate: None,
         random_ids: false,
+        retry: false,
         check_db: Some(db.clone()),
     };
     let report = run_bench(&config, &Secrets::from_values(Some(SECRET), None)).expect("bench runs");

@@ -42,6 +42,9 @@ pub struct BenchConfig {
     /// Ids in no particular order instead of ascending with the event number (see
     /// [`EventTemplate::with_random_ids`]).
     pub random_ids: bool,
+    /// Send a delivery answered 5xx again after its `Retry-After` (1 s without one), re-signed,
+    /// as the providers do, until it is answered otherwise.
+    pub retry: bool,
     pub check_db: Option<PathBuf>,
 }
 
@@ -72,6 +75,9 @@ pub struct BenchReport {
     pub ok_2xx: usize,
     pub non_2xx: BTreeMap<u16, usize>,
     pub errors: usize,
+    /// With `--retry`: requests sent again after a 5xx. Only a delivery's final answer counts
+    /// in `ok_2xx`, `non_2xx` or `errors`.
+    pub retried: usize,
     pub seconds: f64,
     /// Requests answered 2xx per second: what the server durably accepted. A non-2xx answer or
     /// an error counts in `sent`, never here.
@@ -149,6 +155,12 @@ impl BenchReport {
             ms(self.p99_ms),
             ms(self.max_ms)
         );
+        if self.retried > 0 {
+            out.push_str(&format!(
+                "retried            {} (sent again after a 5xx, as a provider would)\n",
+                self.retried
+            ));
+        }
         if let Some(rate) = self.rate {
             out.push_str(&format!(
                 "offered rate       {rate:.0}/s (a request sent late is timed from when it was due)\n"
@@ -340,9 +352,10 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
             // all.
             let first = t * (config.concurrency / threads) + t.min(config.concurrency % threads);
             let pacing = pacing.map(|p| (p, first));
+            let retry = config.retry;
             std::thread::spawn(move || {
                 actix_web::rt::System::new().block_on(client_loop(
-                    per_thread, plan, next, target, template, signer, deadline, pacing,
+                    per_thread, plan, next, target, template, signer, deadline, pacing, retry,
                 ))
             })
         })
@@ -352,6 +365,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
         let part = handle.join().expect("a bench client thread panicked");
         outcome.latencies_us.extend(part.latencies_us);
         outcome.errors += part.errors;
+        outcome.retried += part.retried;
         for (code, n) in part.non_2xx {
             *outcome.non_2xx.entry(code).or_default() += n;
         }
@@ -384,6 +398,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
         ok_2xx: ok,
         non_2xx: outcome.non_2xx,
         errors: outcome.errors,
+        retried: outcome.retried,
         seconds,
         deliveries_per_sec: ok as f64 / seconds,
         p50_ms: percentile(50.0),
@@ -404,6 +419,7 @@ struct ThreadOutcome {
     latencies_us: Vec<u32>,
     non_2xx: BTreeMap<u16, usize>,
     errors: usize,
+    retried: usize,
 }
 
 /// Where the requests go: the address to connect to, and the request line's path and `Host`.
@@ -481,11 +497,14 @@ async fn connect(target: &Target) -> Result<Sender, Box<dyn std::error::Error>> 
 }
 
 /// Sends one request on `connection`, (re)connecting first if it has none or it closed.
+/// The answer's status, and its `Retry-After` in whole seconds when it has one.
+type Answered = (hyper::StatusCode, Option<Duration>);
+
 async fn send(
     connection: &mut Option<Sender>,
     target: &Target,
     request: hyper::Request<http_body_util::Full<actix_web::web::Bytes>>,
-) -> Result<hyper::StatusCode, Box<dyn std::error::Error>> {
+) -> Result<Answered, Box<dyn std::error::Error>> {
     use http_body_util::BodyExt;
     if connection.as_ref().is_none_or(|c| c.is_closed()) {
         *connection = Some(connect(target).await?);
@@ -495,8 +514,14 @@ async fn send(
         sender.ready().await?;
         let response = sender.send_request(request).await?;
         let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
         response.into_body().collect().await?;
-        Ok::<_, hyper::Error>(status)
+        Ok::<_, hyper::Error>((status, retry_after))
     }
     .await;
     if sent.is_err() {
@@ -515,6 +540,7 @@ async fn client_loop(
     signer: Signer,
     deadline: Instant,
     pacing: Option<(Pacing, usize)>,
+    retry: bool,
 ) -> ThreadOutcome {
     let signer = Rc::new(signer);
     let target = Rc::new(target);
@@ -549,25 +575,42 @@ async fn client_loop(
                 let slot = next.fetch_add(1, Ordering::SeqCst);
                 let Some(&event) = plan.get(slot) else { break };
                 // Completed per request (about a microsecond) rather than kept for the whole run.
-                let body = template.render(event);
-                let mut request = hyper::Request::post(target.path_and_query.as_str())
-                    .header(hyper::header::HOST, target.authority.as_str())
-                    .header(hyper::header::CONTENT_TYPE, "application/json");
-                if let Signer::Stripe(secret) = &*signer {
-                    let header =
-                        stripe::signature_header(&[secret.as_str()], SystemClock.now_unix(), &body);
-                    request = request.header("Stripe-Signature", header);
-                }
-                let request = request
-                    .body(http_body_util::Full::new(actix_web::web::Bytes::from(body)))
-                    .expect("a request built from a parsed URL");
+                let body = actix_web::web::Bytes::from(template.render(event));
                 // Behind schedule, a latency counts from when the request was due, so a server
                 // that cannot keep up shows its backlog instead of hiding it (no coordinated
                 // omission). On time, it counts from the send: the timer's own lateness (up to
-                // a millisecond) is the client's, not the server's.
+                // a millisecond) is the client's, not the server's. With --retry, it runs to the
+                // final answer, waits included.
                 let started = late.unwrap_or_else(Instant::now);
+                let mut retries = 0;
+                let deliver = async {
+                    loop {
+                        let mut request = hyper::Request::post(target.path_and_query.as_str())
+                            .header(hyper::header::HOST, target.authority.as_str())
+                            .header(hyper::header::CONTENT_TYPE, "application/json");
+                        if let Signer::Stripe(secret) = &*signer {
+                            let header = stripe::signature_header(
+                                &[secret.as_str()],
+                                SystemClock.now_unix(),
+                                &body,
+                            );
+                            request = request.header("Stripe-Signature", header);
+                        }
+                        let request = request
+                            .body(http_body_util::Full::new(body.clone()))
+                            .expect("a request built from a parsed URL");
+                        match send(&mut connection, &target, request).await {
+                            Ok((status, retry_after)) if retry && status.is_server_error() => {
+                                retries += 1;
+                                let wait = retry_after.unwrap_or(Duration::from_secs(1));
+                                actix_web::rt::time::sleep(wait).await;
+                            }
+                            answered => return answered.map(|(status, _)| status),
+                        }
+                    }
+                };
                 tokio::select! {
-                    sent = send(&mut connection, &target, request) => match sent {
+                    sent = deliver => match sent {
                         Ok(status) => {
                             if status.is_success() {
                                 out.latencies_us.push(
@@ -581,9 +624,11 @@ async fn client_loop(
                     },
                     () = &mut give_up => {
                         out.errors += 1;
+                        out.retried += retries;
                         break;
                     }
                 }
+                out.retried += retries;
                 if let Some((_, _, k)) = &mut schedule {
                     *k += 1;
                 }
@@ -596,6 +641,7 @@ async fn client_loop(
     for part in parts {
         total.latencies_us.extend(part.latencies_us);
         total.errors += part.errors;
+        total.retried += part.retried;
         for (code, n) in part.non_2xx {
             *total.non_2xx.entry(code).or_default() += n;
         }

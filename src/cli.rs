@@ -251,6 +251,11 @@ pub struct BenchArgs {
     /// delivery (see the README's Performance section).
     #[arg(long)]
     pub random_ids: bool,
+    /// Send a delivery answered 5xx (a full queue's 503, say) again after its Retry-After (1 s
+    /// without one), re-signed, as the providers do, until it is answered otherwise. With
+    /// --check-db, this shows that nothing refused under overload is lost.
+    #[arg(long)]
+    pub retry: bool,
     /// Afterwards, check in this database file that every unique event has exactly one row and
     /// one effect.
     #[arg(long)]
@@ -472,6 +477,7 @@ fn bench(args: BenchArgs) -> ExitCode {
         threads: args.threads.max(1),
         rate: args.rate,
         random_ids: args.random_ids,
+        retry: args.retry,
         check_db: args.check_db,
     };
     let secrets = match Secrets::from_env() {

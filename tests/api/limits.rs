@@ -199,3 +199,44 @@ fn an_overloaded_server_logs_the_full_queue_once_a_second_with_a_count_not_once_
         "{counted} counted of {refused}"
     );
 }
+
+#[test]
+fn bench_retry_shows_nothing_refused_under_overload_is_lost() {
+    // Four deliveries may wait for the writer; 32 connections find the queue full again and
+    // again. With --retry the bench sends each refused delivery again after its Retry-After,
+    // as Stripe would, and --check-db then finds every event once, with its effect.
+    let server = ServeProcess::start_with(
+        &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
+        "warn",
+        &["--no-relay", "--queue-capacity", "4"],
+    );
+    let bench = std::process::Command::new(sekali_bin())
+        .args(["bench", "--url"])
+        .arg(format!("{}/webhooks/stripe", server.base_url()))
+        .args([
+            "--events",
+            "300",
+            "--dup-ratio",
+            "0.2",
+            "--concurrency",
+            "32",
+            "--retry",
+        ])
+        .arg("--check-db")
+        .arg(server.db_path())
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .output()
+        .unwrap();
+    server.stop();
+    let stdout = String::from_utf8_lossy(&bench.stdout);
+    assert!(bench.status.success(), "{bench:?}");
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(report["sent"], 360, "{stdout}");
+    assert_eq!(report["ok_2xx"], 360, "every delivery ended 2xx: {stdout}");
+    assert!(
+        report["retried"].as_u64().unwrap() >= 1,
+        "the queue was full at least once: {stdout}"
+    );
+    assert_eq!(report["check_db"], "ok", "{stdout}");
+    assert!(stdout.contains("retried "), "{stdout}");
+}
