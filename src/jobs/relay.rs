@@ -6,10 +6,11 @@
 //! `Retry-After`, capped at `max_delay`); permanent failures and rows that reach `max_attempts`
 //! become `dead`, the error kept in `last_error`; rows without a recipient become `skipped`.
 //! A transport that is down or refuses sekali's credentials ([`SendError::Unavailable`]) counts
-//! against no row: the rows it turned away wait with the same backoff, growing with each batch
-//! in a row that finds it unavailable, so the relay probes it less and less often and a row
-//! never dies of it. (The downstream key's lifetime is unaffected: such a request never reached
-//! the downstream.)
+//! against no row. The relay stops instead: it waits the same backoff, growing with each probe
+//! that finds the transport unavailable, then probes with a single row, and sends the backlog
+//! at once when the probe goes through. With the HTTP email API, a row whose first try may have
+//! reached the API more than the downstream key's lifetime ago is not sent again (it becomes
+//! dead, saying why): the API would no longer recognise the resend.
 //! Every attempt of a row carries the same idempotency key (file name, `Idempotency-Key`
 //! header, Message-ID), so a downstream can recognise a resend.
 
@@ -166,12 +167,14 @@ pub async fn run_relay(
     // Batches in a row that found the transport unavailable.
     let mut outage = 0u32;
     while !shutdown.is_cancelled() {
+        // While the transport is unavailable, one row probes it.
+        let limit = if outage > 0 { 1 } else { config.batch };
         let claimed = match outbox::claim_due(
             &conn,
             &config.owner,
             clock.now_millis(),
             config.lease.as_millis() as i64,
-            config.batch,
+            limit,
         ) {
             Ok(claimed) => claimed,
             Err(e) => {
@@ -187,33 +190,46 @@ pub async fn run_relay(
         }
         // The batch is sent concurrently (each send bounded by the transport timeout, which is
         // shorter than the lease), then the results are recorded one by one.
+        let now = clock.now_millis();
         let attempts = futures_util::future::join_all(
             claimed
                 .iter()
-                .map(|email| attempt(&config, &transport, email)),
+                .map(|email| attempt(&config, &transport, now, email)),
         )
         .await;
         let unavailable = attempts
             .iter()
             .filter(|a| matches!(a, Some(Err(SendError::Unavailable(_)))))
             .count();
-        if unavailable > 0 {
+        let was_unavailable = unavailable > 0;
+        if was_unavailable {
             outage += 1;
-            tracing::warn!(
-                rows = unavailable,
-                batches_in_a_row = outage,
-                reason = %attempts.iter().find_map(|a| match a {
-                    Some(Err(SendError::Unavailable(reason))) => Some(reason.as_str()),
-                    _ => None,
-                }).unwrap_or_default(),
-                "the email transport is unavailable; its rows wait, with no try counted"
-            );
         } else if attempts.iter().any(|a| matches!(a, Some(Ok(())))) {
             outage = 0;
         }
+        let reason = attempts
+            .iter()
+            .find_map(|a| match a {
+                Some(Err(SendError::Unavailable(reason))) => Some(reason.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
         for (email, result) in claimed.into_iter().zip(attempts) {
-            if let Err(e) = record_result(&conn, &config, &clock, &mut rng, outage, email, result) {
+            if let Err(e) = record_result(&conn, &config, &clock, &mut rng, email, result) {
                 tracing::warn!(error = ?e, "recording an outbox result failed; the row will be retried after its lease");
+            }
+        }
+        if was_unavailable {
+            let pause = backoff_delay(&config, &mut rng, outage);
+            tracing::warn!(
+                probes_in_a_row = outage,
+                retry_in_ms = pause.as_millis() as u64,
+                reason = %reason,
+                "the email transport is unavailable; no row's try is counted, and the relay waits before probing it again"
+            );
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(pause) => {}
             }
         }
     }
@@ -225,9 +241,24 @@ pub async fn run_relay(
 async fn attempt(
     config: &RelayConfig,
     transport: &Transport,
+    now_ms: i64,
     email: &ClaimedEmail,
 ) -> Option<Result<(), SendError>> {
     email.recipient.as_ref()?;
+    // A try that may have reached the API happened at or after `created_ms`; past the key's
+    // lifetime, a resend could deliver the email twice. (Counted tries alone always fit: see
+    // `validate`; waits for an unavailable transport do not count.)
+    if transport.is_http()
+        && email.attempts > 0
+        && now_ms - email.created_ms >= DOWNSTREAM_KEY_LIFETIME.as_millis() as i64
+    {
+        return Some(Err(SendError::Permanent(format!(
+            "not sent again: an earlier try may have reached the email API more than {} ago, \
+             past its idempotency key's lifetime, so a resend could deliver it twice; check \
+             whether it arrived, and `sekali outbox retry` it if not",
+            humantime::format_duration(DOWNSTREAM_KEY_LIFETIME)
+        ))));
+    }
     Some(match render(email, &config.from) {
         Ok(rendered) => send_with_timeout(transport, &rendered, config.transport_timeout).await,
         Err(e) => Err(SendError::Permanent(e.to_string())),
@@ -239,7 +270,6 @@ fn record_result(
     config: &RelayConfig,
     clock: &SharedClock,
     rng: &mut fastrand::Rng,
-    outage: u32,
     email: ClaimedEmail,
     result: Option<Result<(), SendError>>,
 ) -> Result<(), StoreError> {
@@ -258,16 +288,9 @@ fn record_result(
             owned
         }
         Err(SendError::Unavailable(reason)) => {
-            let delay = backoff_delay(config, rng, outage.max(1));
-            tracing::debug!(id, key = %key, retry_in_ms = delay.as_millis() as u64, "email waits for the transport");
-            outbox::mark_unavailable(
-                conn,
-                id,
-                &config.owner,
-                now,
-                &reason,
-                now + delay.as_millis() as i64,
-            )?
+            // Due again at once: the relay's own pause spaces the probes (see `run_relay`).
+            tracing::debug!(id, key = %key, "email waits for the transport");
+            outbox::mark_unavailable(conn, id, &config.owner, now, &reason, now)?
         }
         Err(SendError::Permanent(reason)) => {
             tracing::warn!(id, key = %key, reason = %reason, "email failed permanently; row is dead");

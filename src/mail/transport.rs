@@ -3,8 +3,9 @@
 //! Transient failures (timeouts, SMTP 4xx, HTTP 408/429/5xx) are retried with backoff;
 //! permanent ones (SMTP 5xx to MAIL FROM, RCPT or DATA, other HTTP 4xx) make the row dead at
 //! once. A transport that cannot be reached or refuses sekali's credentials (SMTP connect, EHLO
-//! or AUTH; HTTP connect, 401, 403) is [`SendError::Unavailable`]: not the row's failure, so it
-//! is not counted against the row, and a down server or a wrong password cannot kill the queue.
+//! or AUTH, including one that does not answer within half the send timeout; HTTP connect
+//! errors and timeouts, 401) is [`SendError::Unavailable`]: not the row's failure, so it is not
+//! counted against the row, and a down server or a wrong password cannot kill the queue.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -75,6 +76,9 @@ pub enum Transport {
     File { dir: PathBuf },
     Smtp {
         transport: AsyncSmtpTransport<Tokio1Executor>,
+        /// For connect, EHLO and AUTH: half the send timeout, so that a server that does not
+        /// answer is found unavailable before the relay's own timeout counts a try.
+        connect_timeout: Duration,
     },
     /// A JSON email API (to, from, subject, html, text) with the row's key in `Idempotency-Key`.
     Http {
@@ -150,7 +154,10 @@ impl Transport {
                 .map_err(|e| TransportError::SmtpUrl(e.to_string()))?
                 .timeout(Some(config.timeout))
                 .build();
-            return Ok(Transport::Smtp { transport });
+            return Ok(Transport::Smtp {
+                transport,
+                connect_timeout: config.timeout / 2,
+            });
         }
         if let Some(url) = &config.http_url {
             let api_key = config
@@ -195,20 +202,28 @@ impl Transport {
                 let bytes = build_message(email)?.formatted();
                 write_eml(dir, &email.idempotency_key, &bytes)
             }
-            Transport::Smtp { transport } => {
+            Transport::Smtp {
+                transport,
+                connect_timeout,
+            } => {
                 let message = build_message(email)?;
-                // Connection, EHLO and AUTH first: their failures are transient whatever the
-                // reply code, so that a bad password or a down server never kills a row.
-                match transport.test_connection().await {
-                    Ok(true) => {}
-                    Ok(false) => {
+                // Connection, EHLO and AUTH first: their failures are the transport's, whatever
+                // the reply code, so that a bad password or a down server never kills a row.
+                match tokio::time::timeout(*connect_timeout, transport.test_connection()).await {
+                    Ok(Ok(true)) => {}
+                    Ok(Ok(false)) => {
                         return Err(SendError::Unavailable(
                             "the SMTP server is not ready".into(),
                         ))
                     }
-                    Err(e) => {
+                    Ok(Err(e)) => {
                         return Err(SendError::Unavailable(format!(
                             "connecting to the SMTP server: {e}"
+                        )))
+                    }
+                    Err(_) => {
+                        return Err(SendError::Unavailable(format!(
+                            "connecting to the SMTP server: no answer within {connect_timeout:?}"
                         )))
                     }
                 }
@@ -277,7 +292,12 @@ async fn send_http(
     timeout: Duration,
     email: &RenderedEmail,
 ) -> Result<(), SendError> {
-    let client = awc::Client::builder().timeout(timeout).finish();
+    // A connection not made within half the send timeout is the transport's failure
+    // (`SendRequestError::Connect`), found before the relay's own timeout counts a try.
+    let client = awc::Client::builder()
+        .connector(awc::Connector::new().timeout(timeout / 2))
+        .timeout(timeout)
+        .finish();
     let body = serde_json::json!({
         "from": email.from, "to": [email.to], "subject": email.subject,
         "html": email.html, "text": email.text,
@@ -319,8 +339,9 @@ async fn send_http(
         text.chars().take(200).collect::<String>()
     );
     match status {
-        // The API refuses sekali's key: true of every row alike.
-        401 | 403 => Err(SendError::Unavailable(reason)),
+        // The API refuses sekali's key: true of every row alike. (A 403 can be about one
+        // recipient, as with a test-mode account, so it stays permanent.)
+        401 => Err(SendError::Unavailable(reason)),
         408 | 429 | 500..=599 => Err(SendError::Transient {
             reason,
             retry_after: if status == 429 || status == 503 {

@@ -22,6 +22,8 @@ pub struct ClaimedEmail {
     pub idempotency_key: String,
     /// Transport tries before this one.
     pub attempts: i64,
+    /// When the row was written (its status change committed), in Unix milliseconds.
+    pub created_ms: i64,
     /// `metadata.locale` of the order, if it set one.
     pub locale: Option<String>,
 }
@@ -79,7 +81,8 @@ pub fn claim_due(
                               WHERE status = 'pending' AND next_attempt_at <= ?3
                                 AND (lease_until IS NULL OR lease_until <= ?3)
                               ORDER BY next_attempt_at, id LIMIT ?4)
-                 RETURNING id, order_id, recipient, template, params, idempotency_key, attempts",
+                 RETURNING id, order_id, recipient, template, params, idempotency_key, attempts,
+                           unixepoch(created_at) * 1000",
             )?
             .query_map(
                 params![owner, iso_millis(now_ms + lease_ms), now, limit as i64],
@@ -92,6 +95,7 @@ pub fn claim_due(
                         params: row.get(4)?,
                         idempotency_key: row.get(5)?,
                         attempts: row.get(6)?,
+                        created_ms: row.get(7)?,
                         locale: None,
                     })
                 },
