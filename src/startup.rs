@@ -50,6 +50,19 @@ fn warn_of_short_retention(settings: &Settings) {
     }
 }
 
+/// Logs the deliveries refused for a full write queue once a second, and the last ones when
+/// the server stops (after its requests have finished).
+async fn report_refusals(refused: std::sync::Arc<routes::Refused>, shutdown: CancellationToken) {
+    let mut every_second = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = every_second.tick() => refused.report(),
+        }
+    }
+    refused.report();
+}
+
 /// Connections the kernel queues while every worker is busy (actix's own default is 2,048).
 const LISTEN_BACKLOG: i32 = 1024;
 
@@ -89,6 +102,7 @@ pub struct Application {
     writer: Writer,
     shutdown: CancellationToken,
     purge_job: actix_web::rt::task::JoinHandle<()>,
+    refusals_log: actix_web::rt::task::JoinHandle<()>,
     relay: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -126,6 +140,7 @@ impl Application {
         let address = listener.local_addr().map_err(bind_error)?;
 
         let clock_for_relay = clock.clone();
+        let refused = std::sync::Arc::new(routes::Refused::default());
         let state = web::Data::new(AppState {
             secrets: settings.secrets.clone(),
             stripe_tolerance_secs: settings.stripe_tolerance_secs,
@@ -135,6 +150,7 @@ impl Application {
             reads,
             idempotency_retention_secs: settings.idempotency_retention.as_secs() as i64,
             in_flight: Default::default(),
+            refused: refused.clone(),
         });
         let mut server = HttpServer::new(move || {
             App::new()
@@ -154,6 +170,7 @@ impl Application {
         let server = server.run();
 
         let shutdown = CancellationToken::new();
+        let refusals_log = actix_web::rt::spawn(report_refusals(refused, shutdown.clone()));
         let purge_job = actix_web::rt::spawn(run_purge_job(
             writer.clone(),
             settings.purge_interval,
@@ -178,6 +195,7 @@ impl Application {
             writer,
             shutdown,
             purge_job,
+            refusals_log,
             relay,
         })
     }
@@ -197,6 +215,7 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
         self.shutdown.cancel();
+        let _ = self.refusals_log.await;
         let _ = self.purge_job.await;
         if let Some(relay) = self.relay {
             let _ = actix_web::rt::task::spawn_blocking(move || relay.join()).await;

@@ -29,6 +29,44 @@ pub struct AppState {
     pub idempotency_retention_secs: i64,
     /// Idempotency-Keys whose first request is being processed now.
     pub in_flight: api::InFlightKeys,
+    /// Deliveries refused because the write queue was full, not yet logged.
+    pub refused: std::sync::Arc<Refused>,
+}
+
+/// Deliveries answered 503 because the write queue was full, per provider, since the last
+/// [`Refused::report`]: the log gets one line a second with a count, not one per refusal.
+#[derive(Debug, Default)]
+pub struct Refused {
+    stripe: std::sync::atomic::AtomicU64,
+    midtrans: std::sync::atomic::AtomicU64,
+}
+
+impl Refused {
+    fn add(&self, provider: crate::domain::Provider) {
+        let count = match provider {
+            crate::domain::Provider::Stripe => &self.stripe,
+            crate::domain::Provider::Midtrans => &self.midtrans,
+        };
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Logs, per provider, the refusals since the last call, if any.
+    pub fn report(&self) {
+        use crate::domain::Provider;
+        for (provider, count) in [
+            (Provider::Stripe, &self.stripe),
+            (Provider::Midtrans, &self.midtrans),
+        ] {
+            let refused = count.swap(0, std::sync::atomic::Ordering::Relaxed);
+            if refused > 0 {
+                tracing::warn!(
+                    %provider,
+                    refused,
+                    "write queue full: answered 503 with Retry-After (count since the last such line)"
+                );
+            }
+        }
+    }
 }
 
 impl AppState {

@@ -20,9 +20,10 @@ pub async fn stripe_webhook(
         event_id = Empty,
         outcome = Empty
     );
+    let refused = state.refused.clone();
     let result =
         tracing::Instrument::instrument(handle_stripe(req, payload, state), span.clone()).await;
-    respond(Provider::Stripe, &span, result)
+    respond(Provider::Stripe, &span, result, &refused)
 }
 
 pub async fn midtrans_webhook(
@@ -38,9 +39,10 @@ pub async fn midtrans_webhook(
         event_id = Empty,
         outcome = Empty
     );
+    let refused = state.refused.clone();
     let result =
         tracing::Instrument::instrument(handle_midtrans(payload, req, state), span.clone()).await;
-    respond(Provider::Midtrans, &span, result)
+    respond(Provider::Midtrans, &span, result, &refused)
 }
 
 async fn handle_stripe(
@@ -139,6 +141,7 @@ fn respond(
     provider: Provider,
     span: &tracing::Span,
     result: Result<(Outcome, String), WebhookError>,
+    refused: &super::Refused,
 ) -> HttpResponse {
     let _entered = span.enter();
     match result {
@@ -153,7 +156,9 @@ fn respond(
             match error {
                 // Logged where the event id is known, in `record`.
                 WebhookError::Unavailable(_) => {}
-                WebhookError::Overloaded => QUEUE_FULL.note(provider),
+                // Counted, and logged once a second (`Refused::report`): under overload there
+                // can be tens of thousands a second, and a line each would bury the log.
+                WebhookError::Overloaded => refused.add(provider),
                 _ => tracing::info!(
                     %provider,
                     status = error.status_code().as_u16(),
@@ -162,49 +167,6 @@ fn respond(
                 ),
             }
             error.error_response()
-        }
-    }
-}
-
-/// Deliveries answered 503 because the write queue was full, logged at most once a second with
-/// how many there were since the last line: under overload there can be tens of thousands a
-/// second, and a line each would bury everything else in the log.
-static QUEUE_FULL: QueueFullLog = QueueFullLog::new();
-
-struct QueueFullLog {
-    /// Unix second of the last line.
-    logged_at: std::sync::atomic::AtomicU64,
-    /// Refused since the last line.
-    refused: std::sync::atomic::AtomicU64,
-}
-
-impl QueueFullLog {
-    const fn new() -> Self {
-        QueueFullLog {
-            logged_at: std::sync::atomic::AtomicU64::new(0),
-            refused: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    fn note(&self, provider: Provider) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.refused.fetch_add(1, Relaxed);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let last = self.logged_at.load(Relaxed);
-        if now > last
-            && self
-                .logged_at
-                .compare_exchange(last, now, Relaxed, Relaxed)
-                .is_ok()
-        {
-            let refused = self.refused.swap(0, Relaxed);
-            tracing::warn!(
-                %provider,
-                refused,
-                "write queue full: answered 503 with Retry-After (count since the last such line, at most one a second)"
-            );
         }
     }
 }

@@ -169,19 +169,19 @@ fn an_overloaded_server_logs_the_full_queue_once_a_second_with_a_count_not_once_
         serde_json::from_slice(bench.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
     let refused = report["non_2xx"]["503"].as_u64().unwrap_or(0);
     let seconds = report["seconds"].as_f64().unwrap();
-    assert!(refused >= 100, "the queue was full often: {report}");
+    assert!(refused >= 10, "the queue was full often: {report}");
     let lines: Vec<&str> = logs
         .lines()
         .filter(|l| l.contains("write queue full"))
         .collect();
     assert!(!lines.is_empty(), "{logs}");
     assert!(
-        lines.len() as f64 <= seconds.ceil() + 1.0,
+        lines.len() as f64 <= seconds.ceil() + 2.0,
         "{} lines for {refused} refusals in {seconds:.1} s",
         lines.len()
     );
-    // Each line counts the refusals since the one before; those after the last line wait for
-    // the next.
+    // Each line counts the refusals since the one before, and the last ones are logged when
+    // the server stops: together, every refusal once.
     let counted: u64 = lines
         .iter()
         .map(|l| {
@@ -194,10 +194,7 @@ fn an_overloaded_server_logs_the_full_queue_once_a_second_with_a_count_not_once_
                 .unwrap()
         })
         .sum();
-    assert!(
-        counted >= 1 && counted <= refused,
-        "{counted} counted of {refused}"
-    );
+    assert_eq!(counted, refused, "{lines:?}");
 }
 
 #[test]
