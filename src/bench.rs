@@ -496,10 +496,20 @@ async fn connect(target: &Target) -> Result<Sender, Box<dyn std::error::Error>> 
     Ok(sender)
 }
 
-/// Sends one request on `connection`, (re)connecting first if it has none or it closed.
 /// The answer's status, and its `Retry-After` in whole seconds when it has one.
 type Answered = (hyper::StatusCode, Option<Duration>);
 
+/// How long `--retry` waits before sending a refused delivery again: the server's
+/// `Retry-After` (1 s without one), at least 100 ms and at most 60 s, spread over half to one
+/// and a half times that, so that connections refused together do not all come back together.
+fn retry_wait(retry_after: Option<Duration>) -> Duration {
+    let asked = retry_after
+        .unwrap_or(Duration::from_secs(1))
+        .clamp(Duration::from_millis(100), Duration::from_secs(60));
+    asked.mul_f64(0.5 + fastrand::f64())
+}
+
+/// Sends one request on `connection`, (re)connecting first if it has none or it closed.
 async fn send(
     connection: &mut Option<Sender>,
     target: &Target,
@@ -600,10 +610,14 @@ async fn client_loop(
                             .body(http_body_util::Full::new(body.clone()))
                             .expect("a request built from a parsed URL");
                         match send(&mut connection, &target, request).await {
-                            Ok((status, retry_after)) if retry && status.is_server_error() => {
+                            // Past --max-seconds a refusal is final: it counts under non-2xx.
+                            Ok((status, retry_after))
+                                if retry
+                                    && status.is_server_error()
+                                    && Instant::now() < deadline =>
+                            {
                                 retries += 1;
-                                let wait = retry_after.unwrap_or(Duration::from_secs(1));
-                                actix_web::rt::time::sleep(wait).await;
+                                actix_web::rt::time::sleep(retry_wait(retry_after)).await;
                             }
                             answered => return answered.map(|(status, _)| status),
                         }

@@ -522,11 +522,11 @@ fn replay(args: ReplayArgs) -> ExitCode {
 fn relay(args: RelayCommandArgs) -> ExitCode {
     crate::telemetry::init();
     let (config, mail) = args.relay.into_config(args.db.db);
-    let http = match mail.check() {
-        Ok(http) => http,
-        Err(e) => return fail(e),
-    };
-    if let Err(e) = config.validate(http) {
+    // Validated first: `check` creates the mail directory.
+    if let Err(e) = config.validate(mail.uses_http_api()) {
+        return fail(e);
+    }
+    if let Err(e) = mail.check() {
         return fail(e);
     }
     let result = actix_web::rt::System::new().block_on(async move {

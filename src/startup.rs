@@ -120,7 +120,9 @@ impl Application {
         };
         let reserved = reserve(&settings.listen).map_err(bind_error)?;
         if let Some((relay, mail)) = &settings.relay {
-            relay.validate(mail.check()?)?;
+            // Validated first: `check` creates the mail directory.
+            relay.validate(mail.uses_http_api())?;
+            mail.check()?;
         }
 
         let writer = Writer::start(

@@ -109,6 +109,11 @@ impl MailConfig {
 }
 
 impl MailConfig {
+    /// True when the HTTP email API is the transport (SMTP comes first when both are set).
+    pub fn uses_http_api(&self) -> bool {
+        self.smtp_url.is_none() && self.http_url.is_some()
+    }
+
     /// Checks the settings, and for the file transport creates the mail directory, so that a
     /// mistake stops startup instead of the first email; true when the HTTP email API is
     /// chosen.

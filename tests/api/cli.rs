@@ -242,11 +242,17 @@ fn serve_refuses_settings_that_cannot_work_at_startup_and_creates_nothing() {
         ),
     ];
     let db = dir.path().join("never.db");
+    let mail = dir.path().join("mail");
     for (args, env, expected) in cases {
-        let output = Command::new(sekali_bin())
+        let mut command = Command::new(sekali_bin());
+        command
             .args(["serve", "--listen", "127.0.0.1:0", "--db"])
             .arg(&db)
-            .args(args)
+            .args(args);
+        if !args.contains(&"--mail-dir") {
+            command.arg("--mail-dir").arg(&mail);
+        }
+        let output = command
             .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
             .envs(env.iter().copied())
             .output()
@@ -255,6 +261,10 @@ fn serve_refuses_settings_that_cannot_work_at_startup_and_creates_nothing() {
         assert!(!output.status.success(), "{args:?} {env:?} started");
         assert!(stderr.contains(expected), "{args:?} {env:?}: {stderr}");
         assert!(!db.exists(), "{args:?} {env:?} created the database");
+        assert!(
+            !mail.exists(),
+            "{args:?} {env:?} created the mail directory"
+        );
     }
 }
 
@@ -552,6 +562,53 @@ async fn bench_that_sends_nothing_fails_instead_of_reporting_an_empty_success() 
     assert!(arrivals.lock().unwrap().is_empty());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("no request was sent"), "{stderr}");
+}
+
+#[actix_web::test]
+async fn bench_retry_stops_at_max_seconds_and_counts_the_last_refusal_as_non_2xx() {
+    // A server that refuses everything: --retry keeps sending each delivery again until
+    // --max-seconds, then reports its last answer, not a transport error.
+    let (url, arrivals, server) =
+        recording_endpoint(|_| (StatusCode::SERVICE_UNAVAILABLE, std::time::Duration::ZERO)).await;
+    let started = std::time::Instant::now();
+    let output = run_bench(
+        format!("{url}/webhooks/stripe"),
+        ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+        &[
+            "--events",
+            "4",
+            "--dup-ratio",
+            "0",
+            "--concurrency",
+            "2",
+            "--retry",
+            "--max-seconds",
+            "1",
+        ],
+    )
+    .await;
+    let took = started.elapsed();
+    server.stop(true).await;
+    let (report, stdout) = bench_report(&output);
+    assert!(!output.status.success(), "{output:?}");
+    assert_eq!(report["errors"], 0, "{stdout}");
+    assert_eq!(report["ok_2xx"], 0, "{stdout}");
+    let refused = report["non_2xx"]["503"].as_u64().unwrap();
+    let retried = report["retried"].as_u64().unwrap();
+    assert!(refused >= 1, "{stdout}");
+    assert!(
+        retried >= 1,
+        "each connection tried again within the second: {stdout}"
+    );
+    assert_eq!(
+        arrivals.lock().unwrap().len() as u64,
+        refused + retried,
+        "every request the server saw is counted once: {stdout}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "it stopped soon after --max-seconds, not 30 s later: {took:?}"
+    );
 }
 
 #[actix_web::test]
