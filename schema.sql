@@ -1,4 +1,4 @@
--- sekali schema, version 2 (PRAGMA user_version = 2).
+-- sekali schema, version 3 (PRAGMA user_version = 3).
 --
 -- Applied at startup, idempotently, by src/store/schema.rs, which embeds this file in the binary.
 -- Table and column names are part of sekali's interface: operators query them with sqlite3.
@@ -135,7 +135,11 @@ CREATE TABLE IF NOT EXISTS email_outbox (
     lease_owner       TEXT,
     lease_until       TEXT,
     last_error        TEXT,
-    sent_at           TEXT
+    sent_at           TEXT,
+    -- When the first try that may have reached the transport was made (a try counted in
+    -- `attempts`); NULL before it, and again after `sekali outbox retry`. With the HTTP email API
+    -- the relay sends no try past this plus the API's key lifetime (24 h). Added in version 3.
+    first_tried_at    TEXT
 );
 
 CREATE INDEX IF NOT EXISTS email_outbox_due ON email_outbox (status, next_attempt_at);

@@ -201,10 +201,17 @@ pub async fn run_relay(
             .iter()
             .filter(|a| matches!(a, Some(Err(SendError::Unavailable(_)))))
             .count();
-        let was_unavailable = unavailable > 0;
+        // Any answer from the transport, even a refusal of one email, shows it is up.
+        let answered = attempts.iter().any(|a| {
+            matches!(
+                a,
+                Some(Ok(())) | Some(Err(SendError::Transient { .. } | SendError::Permanent(_)))
+            )
+        });
+        let was_unavailable = unavailable > 0 && !answered;
         if was_unavailable {
             outage += 1;
-        } else if attempts.iter().any(|a| matches!(a, Some(Ok(())))) {
+        } else if answered {
             outage = 0;
         }
         let reason = attempts
@@ -220,7 +227,9 @@ pub async fn run_relay(
             }
         }
         if was_unavailable {
-            let pause = backoff_delay(&config, &mut rng, outage);
+            // Equal jitter: at least half the backoff, so probes do not come back at once.
+            let upper = config.max_backoff(outage).as_millis() as u64;
+            let pause = Duration::from_millis(upper / 2 + rng.u64(0..=upper / 2));
             tracing::warn!(
                 probes_in_a_row = outage,
                 retry_in_ms = pause.as_millis() as u64,
@@ -245,14 +254,15 @@ async fn attempt(
     email: &ClaimedEmail,
 ) -> Option<Result<(), SendError>> {
     email.recipient.as_ref()?;
-    // A try that may have reached the API happened at or after `created_ms`; past the key's
-    // lifetime, a resend could deliver the email twice. (Counted tries alone always fit: see
-    // `validate`; waits for an unavailable transport do not count.)
+    // Past the key's lifetime after the first try that may have reached the API, a resend
+    // could deliver the email twice. (Counted tries alone always fit, see `validate`; but waits
+    // for an unavailable transport count no try and can last longer.)
     if transport.is_http()
-        && email.attempts > 0
-        && now_ms - email.created_ms >= DOWNSTREAM_KEY_LIFETIME.as_millis() as i64
+        && email
+            .first_tried_ms
+            .is_some_and(|first| now_ms - first >= DOWNSTREAM_KEY_LIFETIME.as_millis() as i64)
     {
-        return Some(Err(SendError::Permanent(format!(
+        return Some(Err(SendError::Withheld(format!(
             "not sent again: an earlier try may have reached the email API more than {} ago, \
              past its idempotency key's lifetime, so a resend could deliver it twice; check \
              whether it arrived, and `sekali outbox retry` it if not",
@@ -291,6 +301,10 @@ fn record_result(
             // Due again at once: the relay's own pause spaces the probes (see `run_relay`).
             tracing::debug!(id, key = %key, "email waits for the transport");
             outbox::mark_unavailable(conn, id, &config.owner, now, &reason, now)?
+        }
+        Err(SendError::Withheld(reason)) => {
+            tracing::warn!(id, key = %key, reason = %reason, "email withheld; row is dead");
+            outbox::mark_dead_untried(conn, id, &config.owner, now, &reason)?
         }
         Err(SendError::Permanent(reason)) => {
             tracing::warn!(id, key = %key, reason = %reason, "email failed permanently; row is dead");

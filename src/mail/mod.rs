@@ -192,7 +192,7 @@ mod tests {
             params: r#"{"order_id":"ORDER-2001","status":"paid","amount":150000000,"refunded_amount":0,"currency":"IDR"}"#.into(),
             idempotency_key: "abc123".into(),
             attempts: 0,
-            created_ms: 0,
+            first_tried_ms: None,
             locale: None,
         };
         let rendered = render(&email, "toko@contoh.co.id").unwrap();
@@ -234,7 +234,7 @@ mod tests {
             params: r#"{"order_id":"ord_1","status":"paid","amount":2500,"refunded_amount":0,"currency":"usd"}"#.into(),
             idempotency_key: "abc123".into(),
             attempts: 0,
-            created_ms: 0,
+            first_tried_ms: None,
             locale: None,
         };
         let named = render(&email, "Toko Sari <shop@toko.example>").unwrap();

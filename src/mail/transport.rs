@@ -34,6 +34,8 @@ pub enum SendError {
     /// The transport itself is down or refuses sekali's credentials; the row was never handed
     /// over. Not a try of the row: it waits for the transport (see `jobs::relay`).
     Unavailable(String),
+    /// Not sent, because sending could deliver it twice: the row becomes dead without a try.
+    Withheld(String),
 }
 
 impl SendError {

@@ -22,8 +22,8 @@ pub struct ClaimedEmail {
     pub idempotency_key: String,
     /// Transport tries before this one.
     pub attempts: i64,
-    /// When the row was written (its status change committed), in Unix milliseconds.
-    pub created_ms: i64,
+    /// When its first counted try was made (`first_tried_at`), in Unix milliseconds.
+    pub first_tried_ms: Option<i64>,
     /// `metadata.locale` of the order, if it set one.
     pub locale: Option<String>,
 }
@@ -82,7 +82,7 @@ pub fn claim_due(
                                 AND (lease_until IS NULL OR lease_until <= ?3)
                               ORDER BY next_attempt_at, id LIMIT ?4)
                  RETURNING id, order_id, recipient, template, params, idempotency_key, attempts,
-                           unixepoch(created_at) * 1000",
+                           unixepoch(first_tried_at) * 1000",
             )?
             .query_map(
                 params![owner, iso_millis(now_ms + lease_ms), now, limit as i64],
@@ -95,7 +95,7 @@ pub fn claim_due(
                         params: row.get(4)?,
                         idempotency_key: row.get(5)?,
                         attempts: row.get(6)?,
-                        created_ms: row.get(7)?,
+                        first_tried_ms: row.get(7)?,
                         locale: None,
                     })
                 },
@@ -122,6 +122,7 @@ pub fn mark_sent(conn: &Connection, id: i64, owner: &str, now_ms: i64) -> Result
         Ok(conn
             .prepare_cached(
                 "UPDATE email_outbox SET status = 'sent', attempts = attempts + 1, sent_at = ?3,
+                        first_tried_at = coalesce(first_tried_at, ?3),
                         next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL
                  WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
             )?
@@ -141,6 +142,18 @@ pub fn mark_failed(
     retry_at_ms: Option<i64>,
 ) -> Result<bool, StoreError> {
     record_failure(conn, id, owner, now_ms, error, retry_at_ms, 1)
+}
+
+/// Not sent, and never will be: `dead`, with the reason, but no try counted. False when this
+/// relay no longer held the lease.
+pub fn mark_dead_untried(
+    conn: &Connection,
+    id: i64,
+    owner: &str,
+    now_ms: i64,
+    error: &str,
+) -> Result<bool, StoreError> {
+    record_failure(conn, id, owner, now_ms, error, None, 0)
 }
 
 /// The transport was unavailable: due again at `retry_at_ms`, with the error kept but no try
@@ -170,6 +183,8 @@ fn record_failure(
         Ok(conn
             .prepare_cached(
                 "UPDATE email_outbox SET attempts = attempts + ?6, last_error = ?4,
+                        first_tried_at = CASE WHEN ?6 > 0 THEN coalesce(first_tried_at, ?3)
+                                              ELSE first_tried_at END,
                         status = CASE WHEN ?5 IS NULL THEN 'dead' ELSE 'pending' END,
                         next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL
                  WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
@@ -212,7 +227,7 @@ pub fn retry_dead(conn: &Connection, id: i64, now_ms: i64) -> Result<bool, Store
         Ok(conn
             .prepare_cached(
                 "UPDATE email_outbox SET status = 'pending', attempts = 0, next_attempt_at = ?2,
-                        lease_owner = NULL, lease_until = NULL
+                        lease_owner = NULL, lease_until = NULL, first_tried_at = NULL
                  WHERE id = ?1 AND status = 'dead'",
             )?
             .execute(params![id, iso_millis(now_ms)])?

@@ -7,16 +7,19 @@
 //!    checks), and `email_outbox.idempotency_key` is unique through an index behind the order
 //!    id instead of a random hash order. A version-1 database is brought to version 2 in place
 //!    by [`migrate`].
+//! 3. `email_outbox.first_tried_at`, a nullable column: added in place to a version-2 database
+//!    (`ALTER TABLE ... ADD COLUMN` writes no row); a version-1 database gets it when its
+//!    `email_outbox` is rebuilt from this schema.
 
 use rusqlite::{Connection, OptionalExtension};
 
 use super::StoreError;
 
-/// The text of `schema.sql`: version 2.
+/// The text of `schema.sql`: version 3.
 pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Version-1 constraints that version 2 rewrites in place: (table, version-1 text, version-2
 /// text). Each pair accepts exactly the same values, so no stored row can violate the new text,
@@ -61,8 +64,12 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
         if version < 1 {
             conn.execute_batch(SCHEMA_SQL)?;
         } else if version == 1 {
+            // The rebuilt email_outbox takes this schema's definition, version 3's column
+            // included.
             rewrite_v1_checks(conn)?;
             rebuild_email_outbox(conn)?;
+        } else if version == 2 {
+            conn.execute_batch("ALTER TABLE email_outbox ADD COLUMN first_tried_at TEXT")?;
         }
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok::<_, StoreError>(())
@@ -75,8 +82,12 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
             return Err(e);
         }
     }
-    if version == 1 {
-        tracing::info!("database schema migrated from version 1 to 2");
+    if (1..SCHEMA_VERSION).contains(&version) {
+        tracing::info!(
+            from = version,
+            to = SCHEMA_VERSION,
+            "database schema migrated"
+        );
     }
     Ok(())
 }

@@ -327,6 +327,36 @@ async fn a_row_is_not_sent_again_past_the_downstream_keys_lifetime_after_a_try_t
         1,
         "no resend the API could not recognise"
     );
+    assert_eq!(r.attempts, 1, "withholding it is not a try");
+}
+
+#[actix_web::test]
+async fn a_day_long_outage_before_the_first_try_does_not_shorten_the_keys_lifetime() {
+    let app = spawn_app().await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+    // The API is unreachable for more than a day: waits that count no try.
+    let nowhere = format!("http://127.0.0.1:{}/emails", free_port());
+    let lost = start_relay(
+        &app,
+        quick_probes(relay_config(&app.db_path)),
+        http_mail(&nowhere),
+    );
+    wait_for("the API to be found unavailable", || {
+        row(&app, 1).last_error.is_some()
+    })
+    .await;
+    drop(lost);
+    app.clock.advance(Duration::from_secs(25 * 3600));
+    // Back, it is busy at first (a 503), as after any outage; then it accepts.
+    let mock = spawn_mock(Arc::new(|_, attempt| {
+        (if attempt == 1 { 503 } else { 200 }, None, Duration::ZERO)
+    }))
+    .await;
+    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    wait_for("the first try", || row(&app, 1).attempts == 1).await;
+    app.clock.advance(Duration::from_secs(8)); // past any backoff (max 8 s)
+    wait_for("the row to be sent", || row(&app, 1).status == "sent").await;
+    assert_eq!(mock.seen().len(), 2);
 }
 
 #[actix_web::test]

@@ -45,7 +45,7 @@ async fn a_version_1_database_is_rewritten_in_place_and_keeps_its_rows() {
 
     let v1_db = db.clone();
     let app = spawn_app_with(move |settings| settings.db_path = v1_db).await;
-    assert_eq!(user_version(&db), 2);
+    assert_eq!(user_version(&db), 3);
 
     // The stored definitions no longer hold IN lists over three or more values.
     let conn = Connection::open(&db).unwrap();
@@ -142,9 +142,50 @@ async fn a_version_1_database_is_rewritten_in_place_and_keeps_its_rows() {
 }
 
 #[actix_web::test]
+async fn a_version_2_database_gains_the_first_try_column_in_place_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v2.db");
+    let conn = Connection::open(&db).unwrap();
+    conn.execute_batch(include_str!("../../fixtures/schema-v2.sql"))
+        .unwrap();
+    conn.execute_batch(
+        "PRAGMA user_version = 2;
+         INSERT INTO orders (order_id, provider, status, amount, currency, customer_email,
+                             created_at, updated_at, last_event_id)
+         VALUES ('ord_1001', 'stripe', 'paid', 2500, 'usd', 'budi@example.com',
+                 '2026-11-01T10:00:00Z', '2026-11-01T10:00:00Z', 'evt_v2_paid');
+         INSERT INTO email_outbox (id, order_id, recipient, template, params, idempotency_key,
+                                   status, attempts, created_at, event_id, next_attempt_at)
+         VALUES (7, 'ord_1001', 'budi@example.com', 'receipt', '{}', 'v2-key', 'pending',
+                 2, '2026-11-01T10:00:00Z', 'evt_v2_paid', '2026-11-01T10:05:00.000Z');",
+    )
+    .unwrap();
+    drop(conn);
+
+    let v2_db = db.clone();
+    let app = spawn_app_with(move |settings| settings.db_path = v2_db).await;
+    assert_eq!(user_version(&db), 3);
+    let conn = Connection::open(&db).unwrap();
+    let (key, attempts, first): (String, i64, Option<String>) = conn
+        .query_row(
+            "SELECT idempotency_key, attempts, first_tried_at FROM email_outbox WHERE id = 7",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!((key.as_str(), attempts, first), ("v2-key", 2, None));
+    // The migrated database takes deliveries as a new one does.
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded").await.status,
+        200
+    );
+    app.stop().await;
+}
+
+#[actix_web::test]
 async fn a_new_database_starts_at_the_current_version() {
     let app = spawn_app().await;
-    assert_eq!(user_version(&app.db_path), 2);
+    assert_eq!(user_version(&app.db_path), 3);
     app.stop().await;
 }
 
@@ -166,7 +207,7 @@ fn a_database_from_a_newer_sekali_is_refused_with_its_version() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("schema version 7") && stderr.contains("knows up to 2"),
+        stderr.contains("schema version 7") && stderr.contains("knows up to 3"),
         "{stderr}"
     );
     assert_eq!(user_version(&db), 7, "nothing was rewritten");
