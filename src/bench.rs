@@ -43,7 +43,8 @@ pub struct BenchConfig {
     /// [`EventTemplate::with_random_ids`]).
     pub random_ids: bool,
     /// Send a delivery answered 5xx again after its `Retry-After` (1 s without one), re-signed,
-    /// as the providers do, until it is answered otherwise.
+    /// as the providers do, until it is answered otherwise or its next try could fall after
+    /// `max_seconds`.
     pub retry: bool,
     pub check_db: Option<PathBuf>,
 }
@@ -503,10 +504,19 @@ type Answered = (hyper::StatusCode, Option<Duration>);
 /// `Retry-After` (1 s without one), at least 100 ms and at most 60 s, spread over half to one
 /// and a half times that, so that connections refused together do not all come back together.
 fn retry_wait(retry_after: Option<Duration>) -> Duration {
-    let asked = retry_after
+    retry_asked(retry_after).mul_f64(0.5 + fastrand::f64())
+}
+
+/// The longest [`retry_wait`] can be: a retry that might not be sent before `--max-seconds` is
+/// not waited for, and the refusal is the delivery's final answer.
+fn retry_wait_bound(retry_after: Option<Duration>) -> Duration {
+    retry_asked(retry_after).mul_f64(1.5)
+}
+
+fn retry_asked(retry_after: Option<Duration>) -> Duration {
+    retry_after
         .unwrap_or(Duration::from_secs(1))
-        .clamp(Duration::from_millis(100), Duration::from_secs(60));
-    asked.mul_f64(0.5 + fastrand::f64())
+        .clamp(Duration::from_millis(100), Duration::from_secs(60))
 }
 
 /// Sends one request on `connection`, (re)connecting first if it has none or it closed.
@@ -610,11 +620,13 @@ async fn client_loop(
                             .body(http_body_util::Full::new(body.clone()))
                             .expect("a request built from a parsed URL");
                         match send(&mut connection, &target, request).await {
-                            // Past --max-seconds a refusal is final: it counts under non-2xx.
+                            // A refusal whose retry could not be sent before --max-seconds is
+                            // final: it counts under non-2xx.
                             Ok((status, retry_after))
                                 if retry
                                     && status.is_server_error()
-                                    && Instant::now() < deadline =>
+                                    && Instant::now() + retry_wait_bound(retry_after)
+                                        < deadline =>
                             {
                                 retries += 1;
                                 actix_web::rt::time::sleep(retry_wait(retry_after)).await;

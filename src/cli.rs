@@ -252,8 +252,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub random_ids: bool,
     /// Send a delivery answered 5xx (a full queue's 503, say) again after its Retry-After (1 s
-    /// without one), re-signed, as the providers do, until it is answered otherwise. With
-    /// --check-db, this shows that nothing refused under overload is lost.
+    /// without one), re-signed, as the providers do, until it is answered otherwise or its next
+    /// try could fall after --max-seconds. With --check-db, this shows that nothing refused
+    /// under overload is lost.
     #[arg(long)]
     pub retry: bool,
     /// Afterwards, check in this database file that every unique event has exactly one row and
