@@ -142,31 +142,51 @@ async fn a_full_write_queue_answers_503_with_retry_after() {
     assert_eq!(app.count("SELECT count(*) FROM processed_events"), 0);
 }
 
+/// Runs `sekali bench` (Stripe, signed with the server's secret) with `args` against a
+/// `sekali serve` whose write queue holds `capacity` deliveries, logging at `rust_log`.
+/// Returns the bench's report (its first stdout line), its whole output and the server's logs.
+fn bench_a_small_queue(
+    capacity: &str,
+    rust_log: &str,
+    args: &[&str],
+    check_db: bool,
+) -> (serde_json::Value, std::process::Output, String) {
+    let server = ServeProcess::start_with(
+        &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
+        rust_log,
+        &["--no-relay", "--queue-capacity", capacity],
+    );
+    let mut bench = std::process::Command::new(sekali_bin());
+    bench
+        .args(["bench", "--url"])
+        .arg(format!("{}/webhooks/stripe", server.base_url()))
+        .args(args)
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET);
+    if check_db {
+        bench.arg("--check-db").arg(server.db_path());
+    }
+    let output = bench.output().unwrap();
+    let (_, logs) = server.stop();
+    let first = output.stdout.split(|b| *b == b'\n').next().unwrap();
+    (serde_json::from_slice(first).unwrap(), output, logs)
+}
+
 #[test]
 fn an_overloaded_server_logs_the_full_queue_once_a_second_with_a_count_not_once_a_refusal() {
     // One delivery may wait for the writer; 64 connections send 3,000: most find it full.
-    let server = ServeProcess::start_with(
-        &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
+    let (report, _, logs) = bench_a_small_queue(
+        "1",
         "info",
-        &["--no-relay", "--queue-capacity", "1"],
-    );
-    let bench = std::process::Command::new(sekali_bin())
-        .args(["bench", "--url"])
-        .arg(format!("{}/webhooks/stripe", server.base_url()))
-        .args([
+        &[
             "--events",
             "3000",
             "--dup-ratio",
             "0",
             "--concurrency",
             "64",
-        ])
-        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
-        .output()
-        .unwrap();
-    let (_, logs) = server.stop();
-    let report: serde_json::Value =
-        serde_json::from_slice(bench.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
+        ],
+        false,
+    );
     let refused = report["non_2xx"]["503"].as_u64().unwrap_or(0);
     let seconds = report["seconds"].as_f64().unwrap();
     assert!(refused >= 10, "the queue was full often: {report}");
@@ -202,15 +222,10 @@ fn bench_retry_shows_nothing_refused_under_overload_is_lost() {
     // Four deliveries may wait for the writer; 32 connections find the queue full again and
     // again. With --retry the bench sends each refused delivery again after its Retry-After,
     // as Stripe would, and --check-db then finds every event once, with its effect.
-    let server = ServeProcess::start_with(
-        &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
+    let (report, output, _) = bench_a_small_queue(
+        "4",
         "warn",
-        &["--no-relay", "--queue-capacity", "4"],
-    );
-    let bench = std::process::Command::new(sekali_bin())
-        .args(["bench", "--url"])
-        .arg(format!("{}/webhooks/stripe", server.base_url()))
-        .args([
+        &[
             "--events",
             "300",
             "--dup-ratio",
@@ -218,16 +233,11 @@ fn bench_retry_shows_nothing_refused_under_overload_is_lost() {
             "--concurrency",
             "32",
             "--retry",
-        ])
-        .arg("--check-db")
-        .arg(server.db_path())
-        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
-        .output()
-        .unwrap();
-    server.stop();
-    let stdout = String::from_utf8_lossy(&bench.stdout);
-    assert!(bench.status.success(), "{bench:?}");
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+        ],
+        true,
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
     assert_eq!(report["sent"], 360, "{stdout}");
     assert_eq!(report["ok_2xx"], 360, "every delivery ended 2xx: {stdout}");
     assert!(
