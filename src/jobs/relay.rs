@@ -300,11 +300,11 @@ fn record_result(
         Err(SendError::Unavailable(reason)) => {
             // Due again at once: the relay's own pause spaces the probes (see `run_relay`).
             tracing::debug!(id, key = %key, "email waits for the transport");
-            outbox::mark_unavailable(conn, id, &config.owner, now, &reason, now)?
+            outbox::mark_untried(conn, id, &config.owner, now, &reason, Some(now))?
         }
         Err(SendError::Withheld(reason)) => {
             tracing::warn!(id, key = %key, reason = %reason, "email withheld; row is dead");
-            outbox::mark_dead_untried(conn, id, &config.owner, now, &reason)?
+            outbox::mark_untried(conn, id, &config.owner, now, &reason, None)?
         }
         Err(SendError::Permanent(reason)) => {
             tracing::warn!(id, key = %key, reason = %reason, "email failed permanently; row is dead");

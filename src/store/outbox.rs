@@ -144,29 +144,18 @@ pub fn mark_failed(
     record_failure(conn, id, owner, now_ms, error, retry_at_ms, 1)
 }
 
-/// Not sent, and never will be: `dead`, with the reason, but no try counted. False when this
-/// relay no longer held the lease.
-pub fn mark_dead_untried(
+/// Not sent, and no try counted: the transport was unavailable (due again at `retry_at_ms`), or
+/// the row was withheld (`dead` when that is `None`). The error is kept. False when this relay
+/// no longer held the lease.
+pub fn mark_untried(
     conn: &Connection,
     id: i64,
     owner: &str,
     now_ms: i64,
     error: &str,
+    retry_at_ms: Option<i64>,
 ) -> Result<bool, StoreError> {
-    record_failure(conn, id, owner, now_ms, error, None, 0)
-}
-
-/// The transport was unavailable: due again at `retry_at_ms`, with the error kept but no try
-/// counted. False when this relay no longer held the lease.
-pub fn mark_unavailable(
-    conn: &Connection,
-    id: i64,
-    owner: &str,
-    now_ms: i64,
-    error: &str,
-    retry_at_ms: i64,
-) -> Result<bool, StoreError> {
-    record_failure(conn, id, owner, now_ms, error, Some(retry_at_ms), 0)
+    record_failure(conn, id, owner, now_ms, error, retry_at_ms, 0)
 }
 
 fn record_failure(
