@@ -45,6 +45,9 @@ pub struct OutboxRow {
     pub last_error: Option<String>,
     pub sent_at: Option<String>,
     pub params: String,
+    /// When the first counted try was made: with the HTTP email API, the key's 24 h run from
+    /// here.
+    pub first_tried_at: Option<String>,
 }
 
 fn in_write_transaction<T>(
@@ -226,7 +229,7 @@ pub fn retry_dead(conn: &Connection, id: i64, now_ms: i64) -> Result<bool, Store
 
 const ROW_COLUMNS: &str =
     "id, order_id, recipient, template, status, attempts, idempotency_key, created_at, \
-                           next_attempt_at, lease_owner, lease_until, last_error, sent_at, params";
+                           next_attempt_at, lease_owner, lease_until, last_error, sent_at, params, first_tried_at";
 
 fn outbox_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxRow> {
     Ok(OutboxRow {
@@ -244,6 +247,7 @@ fn outbox_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxRow> {
         last_error: row.get(11)?,
         sent_at: row.get(12)?,
         params: row.get(13)?,
+        first_tried_at: row.get(14)?,
     })
 }
 

@@ -8,8 +8,9 @@
 //!    id instead of a random hash order. A version-1 database is brought to version 2 in place
 //!    by [`migrate`].
 //! 3. `email_outbox.first_tried_at`, a nullable column: added in place to a version-2 database
-//!    (`ALTER TABLE ... ADD COLUMN` writes no row); a version-1 database gets it when its
-//!    `email_outbox` is rebuilt from this schema.
+//!    (`ALTER TABLE ... ADD COLUMN`); a version-1 database gets it when its `email_outbox` is
+//!    rebuilt from this schema. Rows already tried get their `created_at`, the earliest their
+//!    first try can have been.
 
 use rusqlite::{Connection, OptionalExtension};
 
@@ -60,7 +61,14 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
+        // Read again under the write lock: another process may have migrated meanwhile.
         let version = user_version(conn)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::SchemaTooNew {
+                found: version,
+                known: SCHEMA_VERSION,
+            });
+        }
         if version < 1 {
             conn.execute_batch(SCHEMA_SQL)?;
         } else if version == 1 {
@@ -70,6 +78,14 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
             rebuild_email_outbox(conn)?;
         } else if version == 2 {
             conn.execute_batch("ALTER TABLE email_outbox ADD COLUMN first_tried_at TEXT")?;
+        }
+        if (1..3).contains(&version) {
+            // Rows tried before version 3 keep the HTTP key-lifetime guard: their first try was
+            // no earlier than the row, so the guard counts from `created_at`, as it used to.
+            conn.execute_batch(
+                "UPDATE email_outbox SET first_tried_at = strftime('%Y-%m-%dT%H:%M:%fZ', created_at)
+                 WHERE attempts > 0 AND first_tried_at IS NULL",
+            )?;
         }
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok::<_, StoreError>(())

@@ -497,6 +497,10 @@ async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives
         .unwrap();
     let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(shown["status"], "sent");
+    assert!(
+        shown["first_tried_at"].as_str().is_some(),
+        "when the key's lifetime began: {shown}"
+    );
 }
 
 #[actix_web::test]
