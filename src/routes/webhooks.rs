@@ -20,10 +20,9 @@ pub async fn stripe_webhook(
         event_id = Empty,
         outcome = Empty
     );
-    let refused = state.refused.clone();
     let result =
-        tracing::Instrument::instrument(handle_stripe(req, payload, state), span.clone()).await;
-    respond(Provider::Stripe, &span, result, &refused)
+        tracing::Instrument::instrument(handle_stripe(req, payload, &state), span.clone()).await;
+    respond(Provider::Stripe, &span, result, &state.refused)
 }
 
 pub async fn midtrans_webhook(
@@ -39,16 +38,15 @@ pub async fn midtrans_webhook(
         event_id = Empty,
         outcome = Empty
     );
-    let refused = state.refused.clone();
     let result =
-        tracing::Instrument::instrument(handle_midtrans(payload, req, state), span.clone()).await;
-    respond(Provider::Midtrans, &span, result, &refused)
+        tracing::Instrument::instrument(handle_midtrans(payload, req, &state), span.clone()).await;
+    respond(Provider::Midtrans, &span, result, &state.refused)
 }
 
 async fn handle_stripe(
     req: HttpRequest,
     payload: web::Payload,
-    state: web::Data<AppState>,
+    state: &AppState,
 ) -> Result<(Outcome, String), WebhookError> {
     let secrets = state
         .stripe_secrets()
@@ -70,13 +68,13 @@ async fn handle_stripe(
         state.stripe_tolerance_secs,
     )?;
     let event = stripe::parse_event(&body)?;
-    record(&state, event, body).await
+    record(state, event, body).await
 }
 
 async fn handle_midtrans(
     payload: web::Payload,
     req: HttpRequest,
-    state: web::Data<AppState>,
+    state: &AppState,
 ) -> Result<(Outcome, String), WebhookError> {
     let server_key = state
         .secrets
@@ -86,7 +84,7 @@ async fn handle_midtrans(
     let body = read_body(&req, payload, state.max_body_bytes).await?;
     let notification = midtrans::parse_notification(&body)?;
     midtrans::verify_midtrans_signature(&notification, server_key)?;
-    record(&state, notification.normalise(), body).await
+    record(state, notification.normalise(), body).await
 }
 
 /// Reads the whole body, refusing it with 413 as soon as it is known to exceed `limit`: from
