@@ -598,6 +598,42 @@ fn smtp_mail(port: u16) -> MailConfig {
 }
 
 #[actix_web::test]
+async fn an_smtp_server_that_accepts_but_never_answers_counts_no_try() {
+    // It takes the connection and never sends its greeting. The connect, EHLO and AUTH step
+    // gives up at half the send timeout, before the relay's own timeout would count a try.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || {
+        let mut connections = Vec::new();
+        for stream in silent.incoming().take(3) {
+            connections.push(stream);
+        }
+        std::thread::sleep(Duration::from_secs(10));
+    });
+    let app = spawn_app().await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+    let mut config = quick_probes(relay_config(&app.db_path));
+    config.transport_timeout = Duration::from_secs(1);
+    let mut mail = smtp_mail(port);
+    mail.timeout = Duration::from_secs(1);
+    let _relay = start_relay(&app, config, mail);
+    wait_for("the silent server to be given up on", || {
+        row(&app, 1).last_error.is_some()
+    })
+    .await;
+    let r = row(&app, 1);
+    assert_eq!((r.status.as_str(), r.attempts), ("pending", 0), "{r:?}");
+    assert!(
+        r.last_error
+            .as_deref()
+            .unwrap()
+            .contains("no answer within"),
+        "{r:?}"
+    );
+    drop(held);
+}
+
+#[actix_web::test]
 async fn smtp_delivery_to_a_real_server_with_a_deterministic_message_id() {
     let app = spawn_app().await;
     let sink = actix_web::rt::task::spawn_blocking(start_smtp_sink)
