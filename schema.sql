@@ -1,9 +1,10 @@
--- sekali schema, version 3 (PRAGMA user_version = 3).
+-- sekali schema, version 4 (PRAGMA user_version = 4).
 --
 -- Applied at startup, idempotently, by src/store/schema.rs, which embeds this file in the binary.
 -- Table and column names are part of sekali's interface: operators query them with sqlite3.
 -- Every timestamp is ISO-8601 UTC text, YYYY-MM-DDTHH:MM:SSZ: fixed width, so it sorts as text.
--- Amounts are integers in minor units (Stripe's amount as sent; Midtrans "10000.00" -> 1000000).
+-- Amounts are integers in minor units of their currency: Stripe's amount as sent (Stripe's own
+-- exponents: JPY 5000 is 5,000 yen), Midtrans "10000.00" -> 1000000 (ISO 4217: IDR has two).
 -- CHECKs over more than two values are OR chains, not IN lists: for an IN list of three or more
 -- constants SQLite builds a temporary B-tree on every row it checks, which cost a fifth of the
 -- writer's time (version 1 had IN lists; src/store/schema.rs rewrites them in place).
@@ -13,7 +14,8 @@
 CREATE TABLE IF NOT EXISTS processed_events (
     provider          TEXT NOT NULL CHECK (provider IN ('stripe', 'midtrans')),
     -- Stripe's evt_... id, or the derived Midtrans id
-    -- order_id:transaction_status:status_code[:fraud_status][:refund identity].
+    -- order_id:transaction_status:status_code[:fraud_status][:refund identity], each part with
+    -- '\' and ':' escaped as '\\' and '\:' (see src/providers/midtrans.rs).
     event_id          TEXT NOT NULL,
     -- Stripe's event type; Midtrans' transaction_status.
     event_type        TEXT NOT NULL,
@@ -26,14 +28,18 @@ CREATE TABLE IF NOT EXISTS processed_events (
     --         (and its outcome updated) in the transaction that first links it.
     -- amount_mismatch: a payment for an order created through the API whose amount or currency
     --         differs from the order's; the order went to needs_review instead of paid.
+    -- reversed: the provider reversed a payment already applied (Midtrans deny or cancel after
+    --         settlement); the order went from paid to needs_review, and no email was queued.
     outcome           TEXT NOT NULL CHECK (outcome = 'processed' OR outcome = 'stale'
                           OR outcome = 'ignored' OR outcome = 'parked'
-                          OR outcome = 'amount_mismatch'),
+                          OR outcome = 'amount_mismatch' OR outcome = 'reversed'),
     received_at       TEXT NOT NULL,
     -- received_at plus the provider's retention; the purge deletes rows past it (never parked
     -- rows), and a redelivery after it is treated as a new event.
     expires_at        TEXT NOT NULL,
-    -- Stripe PaymentIntent the event refers to, if any: how parked events find their order.
+    -- The payment the event refers to, if any: a Stripe PaymentIntent (pi_...), or for a charge
+    -- made with the Charges API, which has none, the charge (ch_...). How parked events find
+    -- their order.
     payment_intent_id TEXT,
     -- The raw request body exactly as received and verified.
     payload           TEXT NOT NULL,
@@ -51,10 +57,11 @@ CREATE INDEX IF NOT EXISTS processed_events_parked
 CREATE TABLE IF NOT EXISTS orders (
     order_id          TEXT PRIMARY KEY NOT NULL,
     provider          TEXT NOT NULL CHECK (provider IN ('stripe', 'midtrans')),
-    -- Forward-only: pending -> paid | failed | cancelled | expired; failed -> paid;
+    -- Forward-only: pending -> paid | failed | cancelled | expired; failed -> paid | cancelled
+    -- | expired;
     -- paid -> partially_refunded | refunded | disputed; partially_refunded -> refunded | disputed.
-    -- needs_review: a payment did not match an API order's amount or currency; only an operator
-    -- moves it on (sekali orders set-status).
+    -- needs_review: a payment did not match an API order's amount or currency, or a paid order's
+    -- payment was reversed; only an operator moves it on (sekali orders set-status).
     status            TEXT NOT NULL CHECK (status = 'pending' OR status = 'paid'
                           OR status = 'failed' OR status = 'cancelled' OR status = 'expired'
                           OR status = 'partially_refunded' OR status = 'refunded'
@@ -63,7 +70,8 @@ CREATE TABLE IF NOT EXISTS orders (
     refunded_amount   INTEGER NOT NULL DEFAULT 0,
     currency          TEXT,
     customer_email    TEXT,
-    -- The first Stripe PaymentIntent linked to the order (all of them: order_payment_intents).
+    -- The first Stripe payment linked to the order, a PaymentIntent or a Charges API charge (all
+    -- of them: order_payment_intents).
     payment_intent_id TEXT,
     created_at        TEXT NOT NULL,
     updated_at        TEXT NOT NULL,
@@ -74,7 +82,12 @@ CREATE TABLE IF NOT EXISTS orders (
     -- 'webhook': first seen in a webhook.
     source            TEXT NOT NULL DEFAULT 'webhook' CHECK (source IN ('webhook', 'api')),
     -- The JSON object given at creation through the API, if any.
-    metadata          TEXT
+    metadata          TEXT,
+    -- What the payment that moved the order to paid (or to needs_review for a mismatch) said
+    -- was paid, and in which currency: what the receipt shows. NULL before a payment, and for
+    -- orders paid before version 4. Added in version 4.
+    paid_amount       INTEGER,
+    paid_currency     TEXT
 ) WITHOUT ROWID;
 
 
@@ -94,7 +107,8 @@ CREATE TABLE IF NOT EXISTS order_transitions (
 );
 
 
--- Every Stripe PaymentIntent seen with an order; charges and disputes that carry no order id
+-- Every Stripe payment seen with an order, a PaymentIntent (pi_...) or, for charges made with the
+-- Charges API, which have none, the charge (ch_...); charges and disputes that carry no order id
 -- are resolved through it.
 CREATE TABLE IF NOT EXISTS order_payment_intents (
     payment_intent_id TEXT PRIMARY KEY NOT NULL,
@@ -110,7 +124,8 @@ CREATE TABLE IF NOT EXISTS email_outbox (
     recipient         TEXT,
     template          TEXT NOT NULL CHECK (template = 'receipt' OR template = 'payment_failed'
                           OR template = 'refund_notice'),
-    -- JSON object: order_id, status, amount, refunded_amount, currency, provider, event_id.
+    -- JSON object: order_id, status, amount (for a receipt what was paid), currency, exponent (its
+    -- decimals), refunded_amount, refunded_currency, provider, event_id.
     params            TEXT NOT NULL,
     -- For the downstream sender (Message-ID, Idempotency-Key header): hex SHA-256 of the
     -- order id, template, status and refunded amount, so one status change yields one key,

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{self, Secrets, Settings};
+use crate::domain::text::{escaped_block, Escaped};
 use crate::domain::Provider;
 use crate::startup::Application;
 use crate::store::{self, reads};
@@ -28,6 +29,7 @@ pub struct Cli {
 pub enum Command {
     /// Receive webhooks. Secrets come from STRIPE_WEBHOOK_SECRET (comma-separated, for
     /// rotation) and MIDTRANS_SERVER_KEY; at least one must be set.
+    #[command(after_help = SERVE_ENVIRONMENT)]
     Serve(ServeArgs),
     /// Delete expired event ids now (one purge pass) and print how many.
     Purge(DbArgs),
@@ -52,6 +54,26 @@ pub enum Command {
     Outbox(OutboxCommand),
 }
 
+/// `serve --help` ends with the settings that have no flag: secrets never go on a command line
+/// (where `ps` shows them), and the mail transport is chosen by which of them is set.
+const SERVE_ENVIRONMENT: &str = "\
+Settings read only from the environment:
+  STRIPE_WEBHOOK_SECRET  Stripe endpoint signing secrets (whsec_...), comma-separated while rolling
+  MIDTRANS_SERVER_KEY    the Midtrans server key (SB-Mid-server-... in the sandbox)
+  SEKALI_API_TOKENS      name:token pairs, comma-separated, for the orders API (unset: it is off)
+  SEKALI_SMTP_URL        send emails over SMTP (smtp://user:pass@host:587 or smtps://...)
+  SEKALI_MAIL_API_URL    else send them to an HTTP email API, with SEKALI_MAIL_API_KEY
+  SEKALI_MAIL_FROM       the sender (default sekali@localhost; may be \"Shop <shop@example.com>\")
+  RUST_LOG               log verbosity (default info)
+Neither SMTP nor an API set: emails are written as .eml files to --mail-dir.";
+
+/// On or off, for a setting that has no third value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
 /// A duration such as `90s`, `12h` or `30d`, longer than zero: a zero interval would spin and
 /// a zero retention would keep nothing.
 fn positive_duration(text: &str) -> Result<Duration, String> {
@@ -59,6 +81,16 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
         Ok(d) if d.is_zero() => Err("must be longer than zero".into()),
         Ok(d) => Ok(d),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// An `http://` or `https://` URL with a host.
+fn http_url(text: &str) -> Result<String, String> {
+    match text.parse::<awc::http::Uri>() {
+        Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {
+            Ok(text.trim_end_matches('/').to_owned())
+        }
+        _ => Err("expected an http:// or https:// URL such as https://api.midtrans.com".into()),
     }
 }
 
@@ -111,6 +143,20 @@ pub struct ServeArgs {
     /// Do not run the outbox relay in this process (run `sekali relay` elsewhere).
     #[arg(long)]
     pub no_relay: bool,
+    /// Confirm each Midtrans notification with Midtrans's status API before applying it. The
+    /// signature covers no transaction_status; with `off`, a status forged within its status
+    /// code's class (a refund signed as a settlement) is believed.
+    #[arg(
+        long,
+        env = "SEKALI_MIDTRANS_STATUS_CHECK",
+        value_enum,
+        default_value = "on"
+    )]
+    pub midtrans_status_check: Switch,
+    /// Base URL of Midtrans's status API [default: https://api.sandbox.midtrans.com for a
+    /// sandbox key (SB-...), else https://api.midtrans.com].
+    #[arg(long, env = "MIDTRANS_API_URL", value_parser = http_url)]
+    pub midtrans_api_url: Option<String>,
     #[command(flatten)]
     pub relay: RelayArgs,
 }
@@ -354,6 +400,12 @@ pub fn write_stdout(text: std::fmt::Arguments<'_>) {
 /// Prints a header and rows in columns two spaces apart, each as wide as its widest cell, so a
 /// long event type or order id does not push the columns after it out of line.
 fn print_columns<const N: usize>(header: [&str; N], rows: Vec<[String; N]>) {
+    // Cells come from the database, and ids from webhooks are whatever a stranger sent: each is
+    // escaped, so an id with ESC or CR cannot recolour the terminal or forge a row.
+    let rows: Vec<[String; N]> = rows
+        .into_iter()
+        .map(|row| row.map(|cell| Escaped(&cell).to_string()))
+        .collect();
     let mut widths = header.map(|h| h.chars().count());
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -401,6 +453,11 @@ fn serve(args: ServeArgs) -> ExitCode {
     settings.queue_capacity = args.queue_capacity;
     settings.workers = args.workers;
     settings.idempotency_retention = args.idempotency_retention;
+    if args.midtrans_status_check == Switch::Off {
+        settings.midtrans_status = None;
+    } else if let (Some(url), Some(api)) = (args.midtrans_api_url, &mut settings.midtrans_status) {
+        api.base_url = url;
+    }
     if !args.no_relay {
         settings.relay = Some(args.relay.into_config(settings.db_path.clone()));
     }
@@ -681,21 +738,22 @@ fn events(command: EventsCommand) -> ExitCode {
                 Ok(rows) => {
                     for row in rows {
                         let s = &row.summary;
-                        crate::outln!("provider:          {}", s.provider);
-                        crate::outln!("event_id:          {}", s.event_id);
-                        crate::outln!("event_type:        {}", s.event_type);
+                        let field = |text: &str| Escaped(text).to_string();
+                        crate::outln!("provider:          {}", field(&s.provider));
+                        crate::outln!("event_id:          {}", field(&s.event_id));
+                        crate::outln!("event_type:        {}", field(&s.event_type));
                         crate::outln!(
                             "order_id:          {}",
-                            s.order_id.as_deref().unwrap_or("-")
+                            field(s.order_id.as_deref().unwrap_or("-"))
                         );
                         crate::outln!("outcome:           {}", s.outcome);
                         crate::outln!("received_at:       {}", s.received_at);
                         crate::outln!("expires_at:        {}", s.expires_at);
                         crate::outln!(
                             "payment_intent_id: {}",
-                            row.payment_intent_id.as_deref().unwrap_or("-")
+                            field(row.payment_intent_id.as_deref().unwrap_or("-"))
                         );
-                        crate::outln!("payload:\n{}", row.payload.trim_end());
+                        crate::outln!("payload:\n{}", escaped_block(row.payload.trim_end()));
                     }
                     ExitCode::SUCCESS
                 }

@@ -165,6 +165,10 @@ pub struct Settings {
     )>,
     /// Install SIGTERM / ctrl-c handlers (off in tests, which stop the server themselves).
     pub handle_signals: bool,
+    /// Midtrans's status API, asked to confirm every Midtrans notification before it is applied
+    /// (`None`: notifications are applied as sent, `--midtrans-status-check off`). On by default
+    /// whenever a Midtrans server key is set.
+    pub midtrans_status: Option<crate::clients::midtrans_status::StatusApi>,
 }
 
 impl Settings {
@@ -173,7 +177,7 @@ impl Settings {
         Settings {
             listen: listen.into(),
             db_path: db_path.into(),
-            secrets,
+            secrets: secrets.clone(),
             stripe_tolerance_secs: DEFAULT_TOLERANCE_SECS,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             stripe_retention: DEFAULT_STRIPE_RETENTION,
@@ -190,6 +194,14 @@ impl Settings {
             max_page_count: None,
             relay: None,
             handle_signals: true,
+            midtrans_status: secrets.midtrans.as_ref().map(|key| {
+                use crate::clients::midtrans_status::{StatusApi, TIMEOUT};
+                StatusApi {
+                    base_url: StatusApi::default_url_for(key).to_owned(),
+                    server_key: key.clone(),
+                    timeout: TIMEOUT,
+                }
+            }),
         }
     }
 

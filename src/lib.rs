@@ -6,7 +6,8 @@
 //! - [`domain`]: newtypes and the forward-only order state machine.
 //! - [`store`]: every SQL statement, the schema, the single writer thread and the read pool.
 //! - [`routes`]: thin HTTP handlers that map errors onto each provider's retry protocol.
-//! - [`jobs`]: background work (the purge of expired event ids).
+//! - [`jobs`]: background work (the purge of expired event ids, the outbox relay).
+//! - [`clients`]: outbound HTTP to other services (Midtrans's status API).
 //! - [`startup`]: builds the HTTP server from [`config::Settings`]; tests build it on port 0.
 
 /// `println!` for the commands' output on stdout (see [`cli::write_stdout`]): when the reader
@@ -20,6 +21,7 @@ macro_rules! outln {
 
 pub mod bench;
 pub mod cli;
+pub mod clients;
 pub mod clock;
 pub mod config;
 pub mod domain;

@@ -22,11 +22,47 @@ pub enum StartupError {
     Relay(#[from] crate::jobs::relay::RelayConfigError),
     #[error("outbox relay: {0}")]
     Mail(#[from] crate::mail::transport::TransportError),
-    #[error("cannot listen on {address}: {source}")]
+    #[error("cannot listen on {address}: {source}{}", bind_hint(.source))]
     Bind {
         address: String,
         source: std::io::Error,
     },
+}
+
+fn bind_hint(source: &std::io::Error) -> &'static str {
+    match source.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            " (another program, or another sekali, listens there: choose another address with \
+             --listen or SEKALI_LISTEN, e.g. --listen 127.0.0.1:8081)"
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            " (ports below 1024 need privileges: choose a higher port with --listen or SEKALI_LISTEN)"
+        }
+        _ => "",
+    }
+}
+
+/// A Stripe webhook signing secret starts with `whsec_`. Pasting the API key (`sk_live_…`) or the
+/// publishable key instead is the classic first mistake, and then every delivery is a 401.
+fn warn_of_unlikely_stripe_secrets(settings: &Settings) {
+    use secrecy::ExposeSecret;
+    for (index, secret) in settings.secrets.stripe.iter().enumerate() {
+        let secret = secret.expose_secret();
+        if !secret.starts_with("whsec_") {
+            let kind = ["sk_", "rk_", "pk_"]
+                .iter()
+                .find(|prefix| secret.starts_with(*prefix))
+                .map_or("", |_| " (it looks like an API key)");
+            tracing::warn!(
+                entry = index + 1,
+                "STRIPE_WEBHOOK_SECRET entry {} does not start with whsec_{kind}: Stripe signs \
+                 webhooks with the endpoint's signing secret (Dashboard → Developers → Webhooks → \
+                 the endpoint → Signing secret, or what `stripe listen` prints), and no other \
+                 key verifies a delivery",
+                index + 1
+            );
+        }
+    }
 }
 
 /// A retention shorter than the provider's redelivery window lets a redelivery after it count
@@ -61,6 +97,37 @@ async fn report_refusals(refused: std::sync::Arc<routes::Refused>, shutdown: Can
         }
     }
     refused.report();
+}
+
+/// SIGTERM and SIGINT (ctrl-c) stop the server gracefully: it stops accepting, answers every
+/// request in flight, then shuts down in order ([`Application::run_until_stopped`]). A second
+/// signal stops it at once, for someone who does not want to wait.
+async fn stop_on_signals(server: ServerHandle) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install the SIGTERM and SIGINT handlers; stop sekali with SIGKILL");
+        return;
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!(
+        "{name} received: finishing the requests in flight, then stopping (send it again to stop at once)"
+    );
+    let graceful = actix_web::rt::spawn(server.stop(true));
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+        _ = graceful => return,
+    }
+    tracing::warn!(
+        "second signal received: stopping at once, without waiting for requests in flight"
+    );
+    server.stop(false).await;
 }
 
 /// Connections the kernel queues while every worker is busy (actix's own default is 2,048).
@@ -110,6 +177,7 @@ impl Application {
     pub fn build(settings: Settings, clock: SharedClock) -> Result<Self, StartupError> {
         settings.secrets.require_any()?;
         warn_of_short_retention(&settings);
+        warn_of_unlikely_stripe_secrets(&settings);
         // The address is bound first, so a port another server listens on is refused before the
         // database file is created; connections are accepted only once everything is ready.
         // (Two servers starting at the same moment can both bind, as SO_REUSEADDR allows until
@@ -142,6 +210,8 @@ impl Application {
         let address = listener.local_addr().map_err(bind_error)?;
 
         let clock_for_relay = clock.clone();
+        let state_midtrans_check =
+            settings.midtrans_status.is_some() && settings.secrets.midtrans.is_some();
         let refused = std::sync::Arc::new(routes::Refused::default());
         let state = web::Data::new(AppState {
             secrets: settings.secrets.clone(),
@@ -153,6 +223,10 @@ impl Application {
             idempotency_retention_secs: settings.idempotency_retention.as_secs() as i64,
             in_flight: Default::default(),
             refused: refused.clone(),
+            midtrans_status: settings
+                .midtrans_status
+                .clone()
+                .filter(|_| settings.secrets.midtrans.is_some()),
         });
         let mut server = HttpServer::new(move || {
             App::new()
@@ -166,10 +240,13 @@ impl Application {
         if settings.workers > 0 {
             server = server.workers(settings.workers);
         }
-        if !settings.handle_signals {
-            server = server.disable_signals();
+        // actix stops gracefully on SIGTERM but at once on SIGINT, dropping the answers of
+        // requests in flight (whose events may be committed). sekali's own handler makes both
+        // graceful; see `stop_on_signals`.
+        let server = server.disable_signals().run();
+        if settings.handle_signals {
+            actix_web::rt::spawn(stop_on_signals(server.handle()));
         }
-        let server = server.run();
 
         let shutdown = CancellationToken::new();
         let refusals_log = actix_web::rt::spawn(report_refusals(refused, shutdown.clone()));
@@ -183,13 +260,23 @@ impl Application {
             config.db_path = settings.db_path.clone();
             crate::jobs::relay::spawn_relay(config, mail, clock_for_relay.clone(), shutdown.clone())
         });
+        let mut webhook_urls = Vec::new();
+        if !settings.secrets.stripe.is_empty() {
+            webhook_urls.push("/webhooks/stripe");
+        }
+        if settings.secrets.midtrans.is_some() {
+            webhook_urls.push("/webhooks/midtrans");
+        }
         tracing::info!(
             %address,
             db = %settings.db_path.display(),
-            stripe = !settings.secrets.stripe.is_empty(),
-            midtrans = settings.secrets.midtrans.is_some(),
+            webhooks = %webhook_urls.join(" "),
+            orders_api = !settings.secrets.api_tokens.is_empty(),
+            midtrans_status_check = state_midtrans_check,
             relay = relay.is_some(),
-            "sekali is listening"
+            "sekali is listening; register https://<your host>{} with the provider{}",
+            webhook_urls.join(" and https://<your host>"),
+            if webhook_urls.len() > 1 { "s" } else { "" }
         );
         Ok(Application {
             port: address.port(),

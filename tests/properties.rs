@@ -661,9 +661,63 @@ proptest! {
         if let Ok(notification) = parse_notification(&bytes) {
             prop_assert!(!notification.order_id.is_empty());
             let event = notification.normalise();
-            prop_assert!(event.event_id.starts_with(value["order_id"].as_str().unwrap()));
+            // The id's first part is the order id, escaped, and it splits back into exactly
+            // the parts it was made of: no two notifications with different parts share an id.
+            let parts = unescaped_parts(&event.event_id);
+            prop_assert_eq!(parts[0].as_str(), value["order_id"].as_str().unwrap());
+            prop_assert_eq!(parts[1].as_str(), value["transaction_status"].as_str().unwrap());
         }
     }
+
+    #[test]
+    fn midtrans_derived_ids_split_back_into_their_parts(
+        parts in proptest::collection::vec("[a-z:\\\\]{0,6}", 3..6),
+    ) {
+        // Build a notification whose id parts are `parts` (order id, status, code, fraud...),
+        // with a partial refund's key as the last part when there are five.
+        let mut value = serde_json::json!({
+            "order_id": format!("o{}", parts[0]),
+            "transaction_status": "partial_refund",
+            "status_code": parts[1],
+            "gross_amount": "1.00",
+            "signature_key": "",
+        });
+        if parts.len() > 3 {
+            value["fraud_status"] = format!("f{}", parts[3]).into();
+        }
+        if parts.len() > 4 {
+            value["refunds"] = serde_json::json!([{"refund_key": format!("k{}", parts[4]), "refund_amount": "1.00"}]);
+        }
+        let notification = parse_notification(&serde_json::to_vec(&value).unwrap()).unwrap();
+        let id = notification.normalise().event_id;
+        let mut expected = vec![
+            format!("o{}", parts[0]),
+            "partial_refund".to_owned(),
+            parts[1].clone(),
+        ];
+        if parts.len() > 3 {
+            expected.push(format!("f{}", parts[3]));
+        }
+        if parts.len() > 4 {
+            expected.push(format!("k{}", parts[4]));
+        }
+        prop_assert_eq!(unescaped_parts(&id), expected);
+    }
+}
+
+/// Splits a derived Midtrans id at its unescaped `:` and undoes the escaping of each part (the
+/// test's own reading of the documented form: `\\` and `\:` inside a part).
+fn unescaped_parts(id: &str) -> Vec<String> {
+    let mut parts = vec![String::new()];
+    let mut chars = id.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => parts.last_mut().unwrap().extend(chars.next()),
+            ':' => parts.push(String::new()),
+            other => parts.last_mut().unwrap().push(other),
+        }
+    }
+    parts
 }
 
 #[test]

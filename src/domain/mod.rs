@@ -1,9 +1,14 @@
 //! Provider-independent types: what an event means once its provider's format is gone.
 
+pub mod decision;
+pub mod email;
 pub mod event;
 pub mod money;
 pub mod order;
+pub mod text;
 
+pub use decision::{decide, Decision, OrderState, Outcome};
+pub use email::EmailAddress;
 pub use event::{NormalizedEvent, OrderRef, Provider, StatusChange};
 pub use order::{Notice, OrderStatus};
 

@@ -1,6 +1,6 @@
 //! The forward-only order state machine.
 //!
-//! Arrows: pending → paid | failed | cancelled | expired; failed → paid;
+//! Arrows: pending → paid | failed | cancelled | expired; failed → paid | cancelled | expired;
 //! paid → partially_refunded | refunded | disputed; partially_refunded → refunded | disputed.
 //! A move is *forward* when the target is reachable along the arrows; everything else is
 //! backwards and is recorded as `stale` without changing the order. Because every lifecycle is a
@@ -57,7 +57,8 @@ impl OrderStatus {
         use OrderStatus::*;
         match self {
             Pending => &[Paid, Failed, Cancelled, Expired, NeedsReview],
-            Failed => &[Paid, NeedsReview],
+            // A failed attempt can still be paid, or the payment abandoned for good.
+            Failed => &[Paid, Cancelled, Expired, NeedsReview],
             Paid => &[PartiallyRefunded, Refunded, Disputed],
             PartiallyRefunded => &[Refunded, Disputed],
             Cancelled | Expired | Refunded | Disputed | NeedsReview => &[],

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
+use crate::domain::text::third_party_for_log;
 use crate::mail::transport::{MailConfig, SendError, Transport, TransportError};
 use crate::mail::{render, RenderedEmail};
 use crate::store::outbox::{self, ClaimedEmail};
@@ -233,7 +234,7 @@ pub async fn run_relay(
             tracing::warn!(
                 probes_in_a_row = outage,
                 retry_in_ms = pause.as_millis() as u64,
-                reason = %reason,
+                reason = %third_party_for_log(&reason),
                 "the email transport is unavailable; no row's try is counted, and the relay waits before probing it again"
             );
             tokio::select! {
@@ -303,15 +304,15 @@ fn record_result(
             outbox::mark_untried(conn, id, &config.owner, now, &reason, Some(now))?
         }
         Err(SendError::Withheld(reason)) => {
-            tracing::warn!(id, key = %key, reason = %reason, "email withheld; row is dead");
+            tracing::warn!(id, key = %key, reason = %third_party_for_log(&reason), "email withheld; row is dead");
             outbox::mark_untried(conn, id, &config.owner, now, &reason, None)?
         }
         Err(SendError::Permanent(reason)) => {
-            tracing::warn!(id, key = %key, reason = %reason, "email failed permanently; row is dead");
+            tracing::warn!(id, key = %key, reason = %third_party_for_log(&reason), "email failed permanently; row is dead");
             outbox::mark_failed(conn, id, &config.owner, now, &reason, None)?
         }
         Err(SendError::Transient { reason, .. }) if failures >= config.max_attempts => {
-            tracing::warn!(id, key = %key, attempts = failures, reason = %reason, "email reached the attempt limit; row is dead");
+            tracing::warn!(id, key = %key, attempts = failures, reason = %third_party_for_log(&reason), "email reached the attempt limit; row is dead");
             let reason = format!("{reason} (gave up after {failures} attempts)");
             outbox::mark_failed(conn, id, &config.owner, now, &reason, None)?
         }
@@ -323,7 +324,7 @@ fn record_result(
                 Some(asked) => asked.min(config.max_delay),
                 None => backoff_delay(config, rng, failures),
             };
-            tracing::info!(id, key = %key, attempts = failures, retry_in_ms = delay.as_millis() as u64, reason = %reason, "email will be retried");
+            tracing::info!(id, key = %key, attempts = failures, retry_in_ms = delay.as_millis() as u64, reason = %third_party_for_log(&reason), "email will be retried");
             outbox::mark_failed(
                 conn,
                 id,

@@ -4,6 +4,7 @@ pub mod transport;
 
 use minijinja::{context, Environment};
 
+use crate::domain::{money, EmailAddress};
 use crate::store::outbox::ClaimedEmail;
 
 /// A rendered email, ready for any transport.
@@ -27,6 +28,8 @@ pub enum RenderError {
     Params(String),
     #[error("template {0}: {1}")]
     Template(String, String),
+    #[error("recipient address: {0}")]
+    Recipient(String),
 }
 
 /// The templates, parsed once per process.
@@ -75,39 +78,10 @@ pub fn locale_for(metadata_locale: Option<&str>, currency: Option<&str>) -> &'st
     }
 }
 
-/// Formats minor units for people: `Rp1.500.000`, `$15.00`, `€15.00`, `SGD 15.00`.
-pub fn format_amount(minor: i64, currency: &str) -> String {
-    let negative = minor < 0;
-    let minor = minor.unsigned_abs();
-    let group = |mut n: u64, sep: char| {
-        let mut parts = Vec::new();
-        loop {
-            if n < 1000 {
-                parts.push(n.to_string());
-                break;
-            }
-            parts.push(format!("{:03}", n % 1000));
-            n /= 1000;
-        }
-        parts.reverse();
-        parts.join(&sep.to_string())
-    };
-    let sign = if negative { "-" } else { "" };
-    match currency.to_ascii_uppercase().as_str() {
-        // Rupiah: no fractional part in everyday use, '.' groups thousands.
-        "IDR" => format!("{sign}Rp{}", group((minor + 50) / 100, '.')),
-        "USD" => format!("{sign}${}.{:02}", group(minor / 100, ','), minor % 100),
-        "EUR" => format!("{sign}€{}.{:02}", group(minor / 100, ','), minor % 100),
-        "GBP" => format!("{sign}£{}.{:02}", group(minor / 100, ','), minor % 100),
-        other => format!(
-            "{sign}{other} {}.{:02}",
-            group(minor / 100, ','),
-            minor % 100
-        ),
-    }
-}
-
+/// The subject line, without control characters: an order id from a webhook is whatever the
+/// shop's metadata held, and a line break in a subject is a header of its own to some APIs.
 fn subject(template: &str, locale: &str, order_id: &str) -> String {
+    let order_id: String = order_id.chars().filter(|c| !c.is_control()).collect();
     match (template, locale) {
         ("receipt", "id") => format!("Pembayaran diterima untuk pesanan {order_id}"),
         ("receipt", _) => format!("Payment received for order {order_id}"),
@@ -124,12 +98,31 @@ fn subject(template: &str, locale: &str, order_id: &str) -> String {
 pub fn render(email: &ClaimedEmail, from: &str) -> Result<RenderedEmail, RenderError> {
     let params: serde_json::Value =
         serde_json::from_str(&email.params).map_err(|e| RenderError::Params(e.to_string()))?;
+    let to = email
+        .recipient
+        .as_deref()
+        .map(EmailAddress::parse)
+        .transpose()
+        .map_err(|e| RenderError::Recipient(e.to_string()))?
+        .ok_or_else(|| RenderError::Recipient("no recipient".into()))?;
     let currency = params["currency"].as_str().unwrap_or("");
     let locale = locale_for(email.locale.as_deref(), Some(currency));
+    // Rows written before version 4 name no exponent: their amounts are in the provider's minor
+    // units (`provider` is the event's, `operator` or `api` for changes made by hand).
+    let exponent_of = |currency: &str| {
+        params["exponent"]
+            .as_u64()
+            .map(|e| e as u32)
+            .unwrap_or_else(|| match params["provider"].as_str() {
+                Some("stripe") => money::stripe_exponent(currency),
+                _ => money::iso_exponent(currency),
+            })
+    };
     let amount = params["amount"]
         .as_i64()
-        .map(|a| format_amount(a, currency))
+        .map(|a| money::format_amount(a, currency, exponent_of(currency), locale))
         .unwrap_or_default();
+    let refunded_currency = params["refunded_currency"].as_str().unwrap_or(currency);
     let refunded_minor = params["refunded_amount"].as_i64().unwrap_or(0);
     // Checked at startup (`MailConfig::check`); a sender that does not parse keeps the defaults.
     let sender = from.parse::<lettre::message::Mailbox>().ok();
@@ -144,7 +137,12 @@ pub fn render(email: &ClaimedEmail, from: &str) -> Result<RenderedEmail, RenderE
         locale => locale,
         order_id => email.order_id.as_str(),
         amount => amount,
-        refunded => format_amount(refunded_minor, currency),
+        refunded => money::format_amount(
+            refunded_minor,
+            refunded_currency,
+            exponent_of(refunded_currency),
+            locale
+        ),
         fully_refunded => params["status"].as_str() == Some("refunded"),
         shop => shop,
     };
@@ -159,7 +157,7 @@ pub fn render(email: &ClaimedEmail, from: &str) -> Result<RenderedEmail, RenderE
     let html = render_one("html")?;
     Ok(RenderedEmail {
         from: from.to_owned(),
-        to: email.recipient.clone().unwrap_or_default(),
+        to: to.to_string(),
         subject: subject(&email.template, locale, &email.order_id),
         text,
         html,
@@ -171,16 +169,6 @@ pub fn render(email: &ClaimedEmail, from: &str) -> Result<RenderedEmail, RenderE
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn amounts_are_formatted_for_their_currency() {
-        assert_eq!(format_amount(150_000_000, "IDR"), "Rp1.500.000");
-        assert_eq!(format_amount(150_000_000, "idr"), "Rp1.500.000");
-        assert_eq!(format_amount(1500, "usd"), "$15.00");
-        assert_eq!(format_amount(123_456_789, "USD"), "$1,234,567.89");
-        assert_eq!(format_amount(5, "EUR"), "€0.05");
-        assert_eq!(format_amount(1500, "SGD"), "SGD 15.00");
-    }
 
     #[test]
     fn a_rupiah_receipt_renders_in_indonesian_as_text_and_html() {
@@ -203,12 +191,12 @@ mod tests {
         assert!(
             rendered
                 .text
-                .contains("sebesar Rp1.500.000 telah kami terima"),
+                .contains("sebesar Rp\u{a0}1.500.000 telah kami terima"),
             "{}",
             rendered.text
         );
         assert!(
-            rendered.html.contains("<strong>Rp1.500.000</strong>"),
+            rendered.html.contains("<strong>Rp\u{a0}1.500.000</strong>"),
             "{}",
             rendered.html
         );
@@ -221,7 +209,7 @@ mod tests {
         assert!(render(&english, "toko@contoh.co.id")
             .unwrap()
             .text
-            .contains("payment of Rp1.500.000"));
+            .contains("payment of IDR\u{a0}1,500,000"));
     }
 
     #[test]

@@ -5,11 +5,25 @@
 //! notification verifies forever, so replays are neutralised by deduplication and the
 //! forward-only state machine, not by the signature.
 //!
+//! **What the signature does not cover:** `transaction_status`, `fraud_status`, the refunds and
+//! everything else. Two checks close what that leaves open:
+//! - the `status_code` must be the one Midtrans gives the `transaction_status` (200 for
+//!   settlement, capture, refund and partial refund; 201 for pending and a capture under fraud
+//!   challenge; 202 for deny, cancel, expire and failure), so a status cannot borrow the
+//!   signature of a notification of another class ([`check_status_code`]);
+//! - within a class (a forged `refund` carrying a settlement's signature), only Midtrans's status
+//!   API can tell: sekali asks it, as Midtrans's own libraries do, and applies what it reports
+//!   ([`Notification::confirmed_by`]; the request is made by `clients::midtrans_status`).
+//!
 //! Midtrans sends no event id. sekali derives one that is the same for every retry of one
-//! notification and differs between distinct status changes:
-//! `order_id:transaction_status:status_code[:fraud_status][:refund identity]`, where the refund
-//! identity (refund notifications only) is the newest `refunds[].refund_key`, else that refund's
-//! `refund_chargeback_id`, else the cumulative refunded amount in minor units.
+//! notification and differs between distinct status changes: the parts
+//! `order_id`, `transaction_status`, `status_code`, then `fraud_status` and (refund notifications
+//! only) the refund identity when present, each with `\` and `:` escaped as `\\` and `\:`,
+//! joined by `:`. The refund identity is the newest `refunds[].refund_key`, else that refund's
+//! `refund_chargeback_id`, else the cumulative refunded amount in minor units. Escaping makes the
+//! id injective (before it, a partial refund of `A` with refund key `rk:settlement:200` and a
+//! settlement of order `A:partial_refund:200:rk` derived the same id); for parts without `:` or
+//! `\`, which is nearly every real id, the id is exactly what earlier versions derived.
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
@@ -17,8 +31,8 @@ use sha2::{Digest, Sha512};
 use subtle::ConstantTimeEq;
 
 use super::PayloadError;
-use crate::domain::money::parse_decimal_minor_units;
-use crate::domain::{NormalizedEvent, OrderRef, OrderStatus, Provider, StatusChange};
+use crate::domain::money::{iso_exponent, parse_decimal_minor_units};
+use crate::domain::{EmailAddress, NormalizedEvent, OrderRef, OrderStatus, Provider, StatusChange};
 
 /// Midtrans amounts are rupiah; notifications without a `currency` field are IDR.
 pub const DEFAULT_CURRENCY: &str = "IDR";
@@ -27,6 +41,17 @@ pub const DEFAULT_CURRENCY: &str = "IDR";
 pub enum SignatureError {
     #[error("signature_key does not match")]
     Mismatch,
+    /// The signature covers `status_code`, not `transaction_status`: a status sent with another
+    /// status's code borrowed a signature it has no claim to.
+    #[error(
+        "transaction_status `{status}` comes with status_code {expected}, not {found}; the \
+         signature covers status_code, not transaction_status, so this status is not proven"
+    )]
+    StatusCodeMismatch {
+        status: String,
+        expected: &'static str,
+        found: String,
+    },
 }
 
 /// A field Midtrans sends as a string but that could arrive as a JSON number, kept as its text
@@ -133,18 +158,32 @@ pub fn verify_midtrans_signature(
 }
 
 impl Notification {
+    /// The currency, `IDR` when the notification names none.
+    pub fn currency(&self) -> String {
+        self.currency
+            .clone()
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| DEFAULT_CURRENCY.to_owned())
+    }
+
+    /// Decimals of this notification's amounts in minor units (ISO 4217: IDR has two).
+    fn exponent(&self) -> u32 {
+        iso_exponent(&self.currency())
+    }
+
     /// The refunded total in minor units: the sum of `refunds[].refund_amount`, else the
     /// top-level `refund_amount`.
     pub fn refunded_amount(&self) -> Option<i64> {
+        let exponent = self.exponent();
         if !self.refunds.is_empty() {
             return self.refunds.iter().try_fold(0i64, |sum, refund| {
                 let amount = refund.refund_amount.as_ref()?;
-                sum.checked_add(parse_decimal_minor_units(amount.as_text())?)
+                sum.checked_add(parse_decimal_minor_units(amount.as_text(), exponent)?)
             });
         }
         self.refund_amount
             .as_ref()
-            .and_then(|a| parse_decimal_minor_units(a.as_text()))
+            .and_then(|a| parse_decimal_minor_units(a.as_text(), exponent))
     }
 
     fn is_refund(&self) -> bool {
@@ -175,25 +214,66 @@ impl Notification {
         self.refunded_amount().map(|amount| amount.to_string())
     }
 
-    /// `order_id:transaction_status:status_code[:fraud_status][:refund identity]`.
-    pub fn derived_event_id(&self) -> String {
-        let mut id = format!(
-            "{}:{}:{}",
-            self.order_id,
-            self.transaction_status,
-            self.status_code.as_text()
-        );
+    /// The parts of the derived id, in order (see the module docs).
+    fn id_parts(&self) -> Vec<&str> {
+        let mut parts = vec![
+            self.order_id.as_str(),
+            self.transaction_status.as_str(),
+            self.status_code.as_text(),
+        ];
         if let Some(fraud) = self.fraud_status.as_deref().filter(|f| !f.is_empty()) {
-            id.push(':');
-            id.push_str(fraud);
+            parts.push(fraud);
         }
-        if self.is_refund() {
-            if let Some(identity) = self.refund_identity() {
-                id.push(':');
-                id.push_str(&identity);
-            }
-        }
-        id
+        parts
+    }
+
+    /// The event id: the parts, escaped, joined by `:` (see the module docs).
+    pub fn derived_event_id(&self) -> String {
+        let identity = self.is_refund().then(|| self.refund_identity()).flatten();
+        let mut parts = self.id_parts();
+        parts.extend(identity.as_deref());
+        parts
+            .iter()
+            .map(|part| part.replace('\\', "\\\\").replace(':', "\\:"))
+            .collect::<Vec<_>>()
+            .join(":")
+    }
+
+    /// The id versions before escaping derived (the parts joined by `:` as they are), when it
+    /// differs from [`Self::derived_event_id`]: a claim under it within the retention window is
+    /// the same notification.
+    pub fn legacy_event_id(&self) -> Option<String> {
+        let identity = self.is_refund().then(|| self.refund_identity()).flatten();
+        let mut parts = self.id_parts();
+        parts.extend(identity.as_deref());
+        let legacy = parts.join(":");
+        (legacy != self.derived_event_id()).then_some(legacy)
+    }
+
+    /// The `status_code` Midtrans gives this notification's `transaction_status` (and
+    /// `fraud_status`), for the statuses sekali acts on.
+    fn expected_status_code(&self) -> Option<&'static str> {
+        Some(
+            match (
+                self.transaction_status.as_str(),
+                self.fraud_status.as_deref(),
+            ) {
+                ("capture", Some("challenge")) | ("pending", _) => "201",
+                ("capture", Some("deny")) => "202",
+                ("settlement" | "capture" | "refund" | "partial_refund", _) => "200",
+                ("deny" | "cancel" | "expire" | "failure", _) => "202",
+                _ => return None,
+            },
+        )
+    }
+
+    /// Midtrans can reverse a settled payment (a Mandiri bill, Permata or Indomaret payment may
+    /// get `deny` within a minute of `settlement`): a deny or cancel of an order already paid is
+    /// that reversal, not a stale event.
+    fn reverses_payment(&self) -> bool {
+        matches!(self.transaction_status.as_str(), "deny" | "cancel")
+            || (self.transaction_status == "capture"
+                && self.fraud_status.as_deref() == Some("deny"))
     }
 
     fn target_status(&self) -> Option<OrderStatus> {
@@ -220,35 +300,137 @@ impl Notification {
     /// The provider-independent form of this notification.
     pub fn normalise(self) -> NormalizedEvent {
         let event_id = self.derived_event_id();
+        let legacy_event_id = self.legacy_event_id();
+        let exponent = self.exponent();
+        let gross = parse_decimal_minor_units(self.gross_amount.as_text(), exponent);
         let change = self.target_status().map(|target| StatusChange {
             target,
-            amount: parse_decimal_minor_units(self.gross_amount.as_text()),
-            paid_amount: parse_decimal_minor_units(self.gross_amount.as_text()),
+            amount: gross,
+            paid_amount: gross,
             refunded_amount: if target.is_refund() {
                 self.refunded_amount()
             } else {
                 None
             },
-            currency: Some(
-                self.currency
-                    .clone()
-                    .filter(|c| !c.is_empty())
-                    .unwrap_or_else(|| DEFAULT_CURRENCY.to_owned()),
-            ),
+            exponent: Some(exponent),
+            currency: Some(self.currency()),
             customer_email: self
                 .customer_details
                 .as_ref()
-                .and_then(|c| c.email.clone())
-                .filter(|e| !e.trim().is_empty()),
+                .and_then(|c| c.email.as_deref())
+                .and_then(|e| EmailAddress::parse(e).ok()),
+            reverses_payment: self.reverses_payment(),
         });
         NormalizedEvent {
             provider: Provider::Midtrans,
             event_id,
             event_type: self.transaction_status,
             order_ref: OrderRef::OrderId(self.order_id),
-            payment_intent_id: None,
+            payment_ref: None,
             change,
+            legacy_event_id,
+            detail: None,
         }
+    }
+
+    /// This notification as Midtrans's status API reports the transaction now (`answer`, the
+    /// body of `GET /v2/{order_id}/status`): its status, fraud status, amount, currency and
+    /// refunds replace the notification's, which the signature does not cover. The status code
+    /// becomes the one that belongs to the confirmed status, so a notification the API agrees
+    /// with keeps the id it would have had unconfirmed.
+    ///
+    /// A notification whose status the API has not reached yet (a `refund` while the API still
+    /// says `settlement`) is not confirmed: either it is forged, or the API lags the notification,
+    /// and in both cases Midtrans's retry (of a real one) is the answer, not an older status.
+    pub fn confirmed_by(self, answer: &[u8]) -> Result<Notification, NotConfirmed> {
+        let api: StatusAnswer = serde_json::from_slice(answer).map_err(|e| {
+            NotConfirmed::Unreadable(super::PayloadError::from_serde(e).to_string())
+        })?;
+        match api.status_code.as_ref().map(Text::as_text) {
+            Some("404") => return Err(NotConfirmed::UnknownTransaction),
+            Some("401") => return Err(NotConfirmed::Unauthorized),
+            _ => {}
+        }
+        let Some(transaction_status) = api.transaction_status else {
+            return Err(NotConfirmed::Unreadable(format!(
+                "no transaction_status (status_code {:?}, status_message {:?})",
+                api.status_code.as_ref().map(Text::as_text),
+                api.status_message
+            )));
+        };
+        if api.order_id.as_deref() != Some(self.order_id.as_str()) {
+            return Err(NotConfirmed::OtherOrder);
+        }
+        let mut confirmed = Notification {
+            transaction_status,
+            fraud_status: api.fraud_status,
+            gross_amount: api.gross_amount.unwrap_or(self.gross_amount.clone()),
+            currency: api.currency.or(self.currency.clone()),
+            refund_amount: api.refund_amount,
+            refunds: api.refunds,
+            ..self.clone()
+        };
+        if let Some(code) = confirmed.expected_status_code() {
+            confirmed.status_code = Text(code.to_owned());
+        }
+        if let (Some(claimed), Some(reported)) = (self.target_status(), confirmed.target_status()) {
+            let reversal_to_come = self.reverses_payment() && reported == OrderStatus::Paid;
+            if claimed != reported && (reported.can_move_forward_to(claimed) || reversal_to_come) {
+                return Err(NotConfirmed::NotYet {
+                    claimed: self.transaction_status,
+                    reported: confirmed.transaction_status,
+                });
+            }
+        }
+        Ok(confirmed)
+    }
+}
+
+/// The fields of a status API answer sekali reads (the notification's fields, as the API has
+/// them now).
+#[derive(Debug, Deserialize)]
+struct StatusAnswer {
+    status_code: Option<Text>,
+    status_message: Option<String>,
+    order_id: Option<String>,
+    transaction_status: Option<String>,
+    fraud_status: Option<String>,
+    gross_amount: Option<Text>,
+    currency: Option<String>,
+    refund_amount: Option<Text>,
+    #[serde(default)]
+    refunds: Vec<Refund>,
+}
+
+/// Why Midtrans's status API did not confirm a notification. Each is answered 503, so that
+/// Midtrans retries: a notification is never applied unconfirmed, and never dropped for a fault
+/// that may heal (or a setting the operator can fix).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotConfirmed {
+    #[error("the status API does not know this transaction (a sandbox key against the production API, or the other way round? see MIDTRANS_API_URL)")]
+    UnknownTransaction,
+    #[error("the status API refused the server key (MIDTRANS_SERVER_KEY)")]
+    Unauthorized,
+    #[error("the status API answered for another order")]
+    OtherOrder,
+    #[error("the status API reports `{reported}`, which has not reached the notification's `{claimed}` yet")]
+    NotYet { claimed: String, reported: String },
+    #[error("the status API's answer could not be read: {0}")]
+    Unreadable(String),
+}
+
+/// Refuses a notification whose `status_code` is not the one its `transaction_status` has (see
+/// the module docs). Statuses sekali does not act on are not checked.
+pub fn check_status_code(notification: &Notification) -> Result<(), SignatureError> {
+    match notification.expected_status_code() {
+        Some(expected) if notification.status_code.as_text() != expected => {
+            Err(SignatureError::StatusCodeMismatch {
+                status: notification.transaction_status.clone(),
+                expected,
+                found: notification.status_code.as_text().to_owned(),
+            })
+        }
+        _ => Ok(()),
     }
 }
 

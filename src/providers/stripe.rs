@@ -12,7 +12,7 @@ use serde::Deserialize;
 use sha2::Sha256;
 
 use super::PayloadError;
-use crate::domain::{NormalizedEvent, OrderRef, OrderStatus, Provider, StatusChange};
+use crate::domain::{EmailAddress, NormalizedEvent, OrderRef, OrderStatus, Provider, StatusChange};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -33,7 +33,14 @@ pub enum SignatureError {
     MalformedHeader(&'static str),
     #[error("timestamp outside the tolerance of {tolerance_secs} seconds")]
     TimestampOutsideTolerance { tolerance_secs: u64 },
-    #[error("no signature matches any configured secret")]
+    /// Said with what to check: the secret, and that the body arrived byte for byte as Stripe
+    /// signed it (a tool that re-encodes JSON, or `curl -d`, which drops line breaks, changes it).
+    #[error(
+        "no signature matches any configured secret. The signature covers the exact bytes \
+         received: check that STRIPE_WEBHOOK_SECRET is this endpoint's signing secret, and \
+         that nothing re-encoded the body on the way (send a file with curl --data-binary \
+         @file, not -d)"
+    )]
     NoMatchingSignature,
 }
 
@@ -138,17 +145,27 @@ pub fn signature_header(secrets: &[&str], timestamp: i64, body: &[u8]) -> String
     header
 }
 
+pub use crate::domain::money::stripe_exponent as amount_exponent;
+
+/// What every Stripe event has, read before anything that depends on its type. `data.object` is
+/// kept raw: only the types sekali acts on are parsed further, so an event of any other type is
+/// acknowledged whatever its object looks like (a `billing.credit_grant`'s `amount` is an object,
+/// a charge's an integer).
 #[derive(Deserialize)]
-struct Event {
+struct Envelope<'a> {
     id: String,
     #[serde(rename = "type")]
     kind: String,
-    data: EventData,
+    /// `event` for the snapshot events sekali reads; `v2.core.event` for a thin event.
+    object: Option<String>,
+    #[serde(borrow)]
+    data: Option<EnvelopeData<'a>>,
 }
 
 #[derive(Deserialize)]
-struct EventData {
-    object: EventObject,
+struct EnvelopeData<'a> {
+    #[serde(borrow)]
+    object: &'a serde_json::value::RawValue,
 }
 
 /// The fields sekali reads from `data.object`, for every object type it handles. Unknown fields
@@ -161,10 +178,18 @@ struct EventObject {
     amount_total: Option<i64>,
     amount_received: Option<i64>,
     amount_refunded: Option<i64>,
+    amount_captured: Option<i64>,
+    /// A charge: true once it is fully refunded (also when it was captured for less than its
+    /// amount, where `amount_refunded` then equals `amount_captured`).
+    refunded: Option<bool>,
+    /// A charge: false while it is only authorised.
+    captured: Option<bool>,
     currency: Option<String>,
     metadata: Option<Metadata>,
     client_reference_id: Option<String>,
     payment_intent: Option<IdOrObject>,
+    /// A dispute: the charge it disputes.
+    charge: Option<IdOrObject>,
     payment_status: Option<String>,
     receipt_email: Option<String>,
     customer_details: Option<Contact>,
@@ -201,7 +226,7 @@ enum IdOrObject {
 }
 
 impl IdOrObject {
-    fn into_id(self) -> String {
+    fn id(&self) -> &str {
         match self {
             IdOrObject::Id(id) | IdOrObject::Object { id } => id,
         }
@@ -212,49 +237,174 @@ fn non_empty(value: Option<String>) -> Option<String> {
     value.filter(|v| !v.trim().is_empty())
 }
 
+/// The event types sekali acts on; every other type is acknowledged as `ignored`.
+pub const HANDLED_TYPES: [&str; 13] = [
+    "payment_intent.processing",
+    "payment_intent.succeeded",
+    "payment_intent.payment_failed",
+    "payment_intent.canceled",
+    "checkout.session.completed",
+    "checkout.session.async_payment_succeeded",
+    "checkout.session.async_payment_failed",
+    "checkout.session.expired",
+    "charge.succeeded",
+    "charge.captured",
+    "charge.refunded",
+    "charge.dispute.created",
+    // Listed so that its absence from `target_status` is deliberate, not forgotten: a charge
+    // that failed says nothing its PaymentIntent's `payment_failed` does not.
+    "charge.failed",
+];
+
+/// What a thin event's answer says, and what its one warning names: sekali needs the object.
+pub const THIN_EVENT_DETAIL: &str = "thin events (object v2.core.event) carry no data.object; \
+    sekali cannot apply them without fetching it. Send this endpoint snapshot events instead: \
+    in the Dashboard, create the event destination with the snapshot payload style";
+
 /// Reads a verified Stripe event body into its normalised form.
 pub fn parse_event(body: &[u8]) -> Result<NormalizedEvent, PayloadError> {
-    let event: Event = serde_json::from_slice(body).map_err(PayloadError::from_serde)?;
-    if event.id.is_empty() {
+    let envelope: Envelope<'_> = serde_json::from_slice(body).map_err(PayloadError::from_serde)?;
+    if envelope.id.is_empty() {
         return Err(PayloadError::InvalidEvent("field `id` is empty".into()));
     }
-    let object = event.data.object;
-    let kind = event.kind.as_str();
-
-    let is_charge_or_dispute = kind.starts_with("charge.");
-    let payment_intent_id = if kind.starts_with("payment_intent.") {
-        non_empty(object.id.clone())
-    } else {
-        non_empty(object.payment_intent.map(IdOrObject::into_id))
+    let ignored = |detail: Option<&'static str>| NormalizedEvent {
+        provider: Provider::Stripe,
+        event_id: envelope.id.clone(),
+        event_type: envelope.kind.clone(),
+        order_ref: OrderRef::None,
+        payment_ref: None,
+        change: None,
+        legacy_event_id: None,
+        detail,
     };
+    if envelope.object.as_deref() == Some("v2.core.event") {
+        warn_of_thin_events_once(&envelope.kind);
+        return Ok(ignored(Some(THIN_EVENT_DETAIL)));
+    }
+    if !HANDLED_TYPES.contains(&envelope.kind.as_str()) {
+        return Ok(ignored(None));
+    }
+    let raw = envelope
+        .data
+        .ok_or_else(|| PayloadError::InvalidEvent("missing field `data`".into()))?
+        .object;
+    let object: EventObject =
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(raw.get()))
+            .map_err(|e| {
+                PayloadError::InvalidEvent(format!(
+                    "data.object.{}: {}",
+                    e.path(),
+                    strip_serde_position(e.inner())
+                ))
+            })?;
+    Ok(normalise_handled(envelope.id, envelope.kind, object))
+}
 
-    let target = match kind {
+/// serde_json appends " at line L column C"; the path already says where.
+fn strip_serde_position(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    match text.rfind(" at line ") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    }
+}
+
+/// Thin events are a setting of the endpoint, so every event it sends is thin: the first one is
+/// worth a warning that says what to change, and the rest would only repeat it.
+fn warn_of_thin_events_once(event_type: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            event_type = ?event_type,
+            "a Stripe thin event was acknowledged and ignored: {THIN_EVENT_DETAIL} (said once per process)"
+        );
+    }
+}
+
+/// The status an event of a handled type reports, if it reports one.
+fn target_status(kind: &str, object: &EventObject) -> Option<OrderStatus> {
+    Some(match kind {
         "payment_intent.succeeded" | "checkout.session.async_payment_succeeded" => {
-            Some(OrderStatus::Paid)
+            OrderStatus::Paid
         }
         "checkout.session.completed" => match object.payment_status.as_deref() {
-            Some("paid") | Some("no_payment_required") => Some(OrderStatus::Paid),
-            _ => Some(OrderStatus::Pending),
+            Some("paid") | Some("no_payment_required") => OrderStatus::Paid,
+            _ => OrderStatus::Pending,
         },
         "payment_intent.payment_failed" | "checkout.session.async_payment_failed" => {
-            Some(OrderStatus::Failed)
+            OrderStatus::Failed
         }
-        "payment_intent.processing" => Some(OrderStatus::Pending),
-        "charge.refunded" => match (object.amount_refunded, object.amount) {
-            (Some(refunded), Some(amount)) if refunded >= amount => Some(OrderStatus::Refunded),
-            _ => Some(OrderStatus::PartiallyRefunded),
-        },
-        "charge.dispute.created" => Some(OrderStatus::Disputed),
-        _ => None,
-    };
+        "payment_intent.processing" => OrderStatus::Pending,
+        "payment_intent.canceled" => OrderStatus::Cancelled,
+        "checkout.session.expired" => OrderStatus::Expired,
+        // A charge of the Charges API is the payment itself; one made by a PaymentIntent is
+        // reported by the PaymentIntent's own events, which carry its metadata.
+        "charge.succeeded" | "charge.captured" if is_legacy_charge(object) => {
+            if object.captured == Some(false) {
+                OrderStatus::Pending // authorised only, not yet captured
+            } else {
+                OrderStatus::Paid
+            }
+        }
+        "charge.refunded" => {
+            if is_fully_refunded(object) {
+                OrderStatus::Refunded
+            } else {
+                OrderStatus::PartiallyRefunded
+            }
+        }
+        "charge.dispute.created" => OrderStatus::Disputed,
+        _ => return None,
+    })
+}
+
+/// A charge made with the old Charges API: it has no PaymentIntent.
+fn is_legacy_charge(object: &EventObject) -> bool {
+    object.payment_intent.is_none()
+}
+
+/// Fully refunded: Stripe says so (`refunded`), or everything captured was refunded. A charge
+/// captured for less than its `amount` is fully refunded at `amount_captured`, not `amount`.
+fn is_fully_refunded(object: &EventObject) -> bool {
+    let captured = object
+        .amount_captured
+        .filter(|&captured| captured > 0)
+        .or(object.amount);
+    object.refunded == Some(true)
+        || matches!((object.amount_refunded, captured), (Some(refunded), Some(captured)) if refunded >= captured)
+}
+
+fn normalise_handled(event_id: String, kind: String, object: EventObject) -> NormalizedEvent {
+    let is_charge = kind.starts_with("charge.") && kind != "charge.dispute.created";
+    let is_dispute = kind == "charge.dispute.created";
+    let payment_intent = non_empty(if kind.starts_with("payment_intent.") {
+        object.id.clone()
+    } else {
+        object.payment_intent.as_ref().map(|pi| pi.id().to_owned())
+    });
+    // How the order is found when the event does not name it: its PaymentIntent, or for a
+    // charge of the Charges API, which has none, the charge itself (a dispute names it).
+    let payment_ref = payment_intent.or_else(|| {
+        if is_charge {
+            non_empty(object.id.clone())
+        } else if is_dispute {
+            non_empty(object.charge.as_ref().map(|c| c.id().to_owned()))
+        } else {
+            None
+        }
+    });
+    let target = target_status(&kind, &object);
 
     let order_id = non_empty(object.metadata.and_then(|m| m.order_id))
         .or_else(|| non_empty(object.client_reference_id));
-    let order_ref = match (order_id, &payment_intent_id) {
+    let order_ref = match (order_id, &payment_ref) {
         (Some(order_id), _) => OrderRef::OrderId(order_id),
-        (None, Some(pi)) => OrderRef::PaymentIntent {
-            payment_intent_id: pi.clone(),
-            park_if_unlinked: is_charge_or_dispute,
+        (None, Some(reference)) => OrderRef::Payment {
+            reference: reference.clone(),
+            // Charges and disputes can arrive before the event that links their payment to
+            // its order, and must then wait for it rather than be dropped.
+            park_if_unlinked: is_charge || is_dispute,
         },
         (None, None) => OrderRef::None,
     };
@@ -272,35 +422,43 @@ pub fn parse_event(body: &[u8]) -> Result<NormalizedEvent, PayloadError> {
                         .and_then(|c| c.email),
                 )
             });
+        let currency = non_empty(object.currency);
         StatusChange {
             target,
             // A dispute's amount is the disputed sum, not the order's.
-            amount: match kind {
-                "charge.dispute.created" => None,
-                _ => object.amount_total.or(object.amount),
+            amount: if is_dispute {
+                None
+            } else {
+                object.amount_total.or(object.amount)
             },
             paid_amount: if kind.starts_with("payment_intent.") {
                 object.amount_received
             } else if kind.starts_with("checkout.session.") {
                 object.amount_total
+            } else if kind == "charge.succeeded" || kind == "charge.captured" {
+                object.amount_captured.filter(|&c| c > 0).or(object.amount)
             } else {
                 None
             },
             refunded_amount: (kind == "charge.refunded")
                 .then_some(object.amount_refunded.unwrap_or(0)),
-            currency: non_empty(object.currency),
-            customer_email,
+            exponent: currency.as_deref().map(amount_exponent),
+            currency,
+            customer_email: customer_email.and_then(|e| EmailAddress::parse(&e).ok()),
+            reverses_payment: false,
         }
     });
 
-    Ok(NormalizedEvent {
+    NormalizedEvent {
         provider: Provider::Stripe,
-        event_id: event.id,
-        event_type: event.kind,
+        event_id,
+        event_type: kind,
         order_ref,
-        payment_intent_id,
+        payment_ref,
         change,
-    })
+        legacy_event_id: None,
+        detail: None,
+    }
 }
 
 #[cfg(test)]

@@ -28,6 +28,10 @@ pub enum WebhookError {
     /// Our own fault; the body stays opaque and the cause goes to the log.
     #[error("temporarily unable to record the event; retry later")]
     Unavailable(#[source] WriteError),
+    /// Midtrans's status API did not confirm the notification (it could not be reached, or does
+    /// not report the status yet): answered 503, so that Midtrans sends it again.
+    #[error("not confirmed by Midtrans's status API: {0}; retry later")]
+    NotConfirmed(String),
 }
 
 impl std::fmt::Debug for WebhookError {
@@ -57,7 +61,7 @@ impl ResponseError for WebhookError {
                 | stripe::SignatureError::NoMatchingSignature => StatusCode::UNAUTHORIZED,
             },
             MidtransSignature(_) => StatusCode::UNAUTHORIZED,
-            Overloaded | Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Overloaded | Unavailable(_) | NotConfirmed(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -65,6 +69,12 @@ impl ResponseError for WebhookError {
         let mut response = HttpResponse::build(self.status_code());
         if let WebhookError::Unavailable(_) | WebhookError::Overloaded = self {
             response.insert_header((header::RETRY_AFTER, "1"));
+        }
+        if let WebhookError::NotConfirmed(_) = self {
+            // The reason is for the log: the sender learns only to come back.
+            return response.json(serde_json::json!({
+                "error": "not confirmed by Midtrans's status API yet; retry later"
+            }));
         }
         if let WebhookError::PayloadTooLarge { .. } = self {
             // The rest of the body is not read: close so the client is not left sending it

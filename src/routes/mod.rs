@@ -31,6 +31,8 @@ pub struct AppState {
     pub in_flight: api::InFlightKeys,
     /// Deliveries refused because the write queue was full, not yet logged.
     pub refused: std::sync::Arc<Refused>,
+    /// Confirms each Midtrans notification before it is applied (`None`: off).
+    pub midtrans_status: Option<crate::clients::midtrans_status::StatusApi>,
 }
 
 /// Deliveries answered 503 because the write queue was full, per provider, since the last
@@ -111,6 +113,35 @@ fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
             .insert_header((actix_web::http::header::ALLOW, allow))
             .json(serde_json::json!({ "error": format!("method not allowed; use {allow}") }))
     }))
+}
+
+/// Why a request body was not read.
+pub(crate) enum BodyError {
+    TooLarge { limit: usize },
+    Read(actix_web::Error),
+}
+
+/// Reads the whole body, refusing it as soon as it is known to exceed `limit`: from
+/// `Content-Length` before reading anything, or while counting a chunked body. Nothing is
+/// verified or stored before this returns.
+pub(crate) async fn read_limited_body(
+    req: &actix_web::HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+) -> Result<web::Bytes, BodyError> {
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(BodyError::TooLarge { limit });
+    }
+    match payload.to_bytes_limited(limit).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) => Err(BodyError::Read(e)),
+        Err(_) => Err(BodyError::TooLarge { limit }),
+    }
 }
 
 async fn not_found() -> HttpResponse {

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use super::api::{self, ApiClient, IdempotencyKey};
 use super::problem::Problem;
 use super::AppState;
-use crate::domain::{OrderStatus, Provider};
+use crate::domain::{EmailAddress, OrderStatus, Provider};
 use crate::store::idempotency::StoredResponse;
 use crate::store::orders::{self, NewOrder};
 
@@ -64,14 +64,25 @@ fn validate(body: &[u8]) -> Result<(CreateOrderRequest, serde_json::Value), Prob
         ));
     }
     if let Some(email) = &request.customer_email {
-        let plausible = email.len() <= 254
-            && !email.contains(char::is_whitespace)
-            && email
-                .split_once('@')
-                .is_some_and(|(l, d)| !l.is_empty() && d.contains('.'));
-        if !plausible {
+        // Exactly one address: a list or a header smuggled after it would reach every transport.
+        let parsed = EmailAddress::parse(email)
+            .ok()
+            .filter(|e| e.as_str().contains('.'));
+        if parsed.is_none() {
             return Err(Problem::invalid_request(
-                "customer_email must be an email address such as name@example.com",
+                "customer_email must be one email address such as name@example.com",
+            ));
+        }
+    }
+    if let Some(locale) = request.metadata.as_ref().and_then(|m| m.get("locale")) {
+        let valid = locale.as_str().is_some_and(|l| {
+            (2..=35).contains(&l.len())
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+        if !valid {
+            return Err(Problem::invalid_request(
+                "metadata.locale must be a language tag such as \"id\" or \"en-US\" (it chooses the email's language)",
             ));
         }
     }
@@ -88,9 +99,17 @@ pub async fn create_order(
     client: ApiClient,
     key: IdempotencyKey,
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
+    let body = super::read_limited_body(&req, payload, state.max_body_bytes)
+        .await
+        .map_err(|e| match e {
+            super::BodyError::TooLarge { limit } => Problem::too_large(limit),
+            super::BodyError::Read(e) => {
+                Problem::invalid_request(format!("the request body could not be read: {e}"))
+            }
+        })?;
     let (request, value) = validate(&body)?;
     let order = NewOrder {
         order_id: request.order_id.unwrap_or_else(generated_order_id),

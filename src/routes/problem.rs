@@ -117,6 +117,16 @@ impl Problem {
         p
     }
 
+    /// The body is over `--max-body-bytes`; nothing was read further or stored.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            "too-large",
+            "Request body too large",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body exceeds the limit of {limit} bytes (--max-body-bytes)"),
+        )
+    }
+
     pub fn not_found(order_id: &str) -> Self {
         Self::new(
             "not-found",
@@ -170,6 +180,11 @@ impl ResponseError for Problem {
         }
         if self.bearer_challenge {
             response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE.as_u16() {
+            // The rest of the body is not read: close so the client is not left sending it
+            // into a connection that will never be reused.
+            response.force_close();
         }
         response.body(self.body())
     }

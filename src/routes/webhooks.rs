@@ -1,11 +1,18 @@
 use actix_web::web::{self, Bytes};
-use actix_web::{http::header, HttpRequest, HttpResponse};
+use actix_web::{HttpRequest, HttpResponse};
 use tracing::field::Empty;
 
-use super::{AppState, WebhookError};
+use super::{read_limited_body, AppState, BodyError, WebhookError};
 use crate::domain::{NormalizedEvent, Provider};
 use crate::providers::{midtrans, stripe, PayloadError};
 use crate::store::{Outcome, WriteError};
+
+/// What a recorded delivery is answered with.
+pub(super) struct Recorded {
+    outcome: Outcome,
+    event_id: String,
+    detail: Option<&'static str>,
+}
 
 pub async fn stripe_webhook(
     req: HttpRequest,
@@ -47,7 +54,7 @@ async fn handle_stripe(
     req: HttpRequest,
     payload: web::Payload,
     state: &AppState,
-) -> Result<(Outcome, String), WebhookError> {
+) -> Result<Recorded, WebhookError> {
     let secrets = state
         .stripe_secrets()
         .ok_or(WebhookError::NotConfigured(Provider::Stripe))?;
@@ -75,52 +82,52 @@ async fn handle_midtrans(
     payload: web::Payload,
     req: HttpRequest,
     state: &AppState,
-) -> Result<(Outcome, String), WebhookError> {
+) -> Result<Recorded, WebhookError> {
     let server_key = state
         .secrets
         .midtrans
         .as_ref()
         .ok_or(WebhookError::NotConfigured(Provider::Midtrans))?;
     let body = read_body(&req, payload, state.max_body_bytes).await?;
-    let notification = midtrans::parse_notification(&body)?;
+    let mut notification = midtrans::parse_notification(&body)?;
     midtrans::verify_midtrans_signature(&notification, server_key)?;
+    midtrans::check_status_code(&notification)?;
+    if let Some(api) = &state.midtrans_status {
+        let answer = api
+            .fetch(&notification.order_id)
+            .await
+            .map_err(|e| WebhookError::NotConfirmed(e.to_string()))?;
+        notification = notification
+            .confirmed_by(&answer)
+            .map_err(|e| WebhookError::NotConfirmed(e.to_string()))?;
+    }
     record(state, notification.normalise(), body).await
 }
 
-/// Reads the whole body, refusing it with 413 as soon as it is known to exceed `limit`: from
-/// `Content-Length` before reading anything, or while counting a chunked body. Nothing is
-/// verified or stored before this returns.
 async fn read_body(
     req: &HttpRequest,
     payload: web::Payload,
     limit: usize,
 ) -> Result<Bytes, WebhookError> {
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
-        return Err(WebhookError::PayloadTooLarge { limit });
-    }
-    match payload.to_bytes_limited(limit).await {
-        Ok(Ok(body)) => Ok(body),
-        Ok(Err(e)) => Err(WebhookError::BodyRead(e)),
-        Err(_) => Err(WebhookError::PayloadTooLarge { limit }),
-    }
+    read_limited_body(req, payload, limit)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge { limit } => WebhookError::PayloadTooLarge { limit },
+            BodyError::Read(e) => WebhookError::BodyRead(e),
+        })
 }
 
 async fn record(
     state: &AppState,
     event: NormalizedEvent,
     body: Bytes,
-) -> Result<(Outcome, String), WebhookError> {
+) -> Result<Recorded, WebhookError> {
     tracing::Span::current().record("event_id", event.event_id.as_str());
     // The verified body is stored as text; JSON that parsed is UTF-8 unless it hid invalid bytes
     // in skipped content, which is refused here rather than stored lossily.
     let payload = String::from_utf8(Vec::from(body))
         .map_err(|_| PayloadError::InvalidJson("the body is not valid UTF-8".into()))?;
-    let (provider, event_id) = (event.provider, event.event_id.clone());
+    let (provider, event_id, detail) = (event.provider, event.event_id.clone(), event.detail);
     let outcome = state
         .writer
         .record(event, payload)
@@ -128,26 +135,42 @@ async fn record(
         .map_err(|e| match e {
             WriteError::QueueFull => WebhookError::Overloaded,
             other => {
-                tracing::error!(%provider, event_id, error = ?other, "delivery not recorded");
+                tracing::error!(
+                    %provider,
+                    event_id = %crate::domain::text::Escaped(&event_id),
+                    error = ?other,
+                    "delivery not recorded"
+                );
                 WebhookError::Unavailable(other)
             }
         })?;
-    Ok((outcome, event_id))
+    Ok(Recorded {
+        outcome,
+        event_id,
+        detail,
+    })
 }
 
 fn respond(
     provider: Provider,
     span: &tracing::Span,
-    result: Result<(Outcome, String), WebhookError>,
+    result: Result<Recorded, WebhookError>,
     refused: &super::Refused,
 ) -> HttpResponse {
     let _entered = span.enter();
     match result {
-        Ok((outcome, event_id)) => {
+        Ok(Recorded {
+            outcome,
+            event_id,
+            detail,
+        }) => {
             span.record("outcome", outcome.as_str());
             tracing::debug!(outcome = outcome.as_str(), "delivery recorded");
-            HttpResponse::Ok()
-                .json(serde_json::json!({ "status": outcome.as_str(), "event_id": event_id }))
+            let mut body = serde_json::json!({ "status": outcome.as_str(), "event_id": event_id });
+            if let Some(detail) = detail {
+                body["detail"] = detail.into();
+            }
+            HttpResponse::Ok().json(body)
         }
         Err(error) => {
             use actix_web::ResponseError;
@@ -157,10 +180,20 @@ fn respond(
                 // Counted, and logged once a second (`Refused::report`): under overload there
                 // can be tens of thousands a second, and a line each would bury the log.
                 WebhookError::Overloaded => refused.add(provider),
+                // Not our fault and not the sender's: Midtrans retries, and a real notification
+                // is confirmed then. Said at warn, as the reasons that are settings (a key for
+                // the wrong environment) keep it up until someone looks.
+                WebhookError::NotConfirmed(_) => tracing::warn!(
+                    %provider,
+                    error = %crate::domain::text::Escaped(&error.to_string()),
+                    "delivery not confirmed; answered 503 so that it is sent again"
+                ),
+                // The message can quote the sender's input (serde names what it found), so it
+                // is escaped: a stranger's text cannot start a line of its own.
                 _ => tracing::info!(
                     %provider,
                     status = error.status_code().as_u16(),
-                    error = %error,
+                    error = %crate::domain::text::Escaped(&error.to_string()),
                     "delivery rejected"
                 ),
             }

@@ -11,35 +11,11 @@ use sha2::{Digest, Sha256};
 use super::statements::Statements;
 use super::StoreError;
 use crate::clock::iso_seconds;
-use crate::domain::{NormalizedEvent, OrderRef, OrderStatus, Provider, StatusChange};
+pub use crate::domain::Outcome;
+use crate::domain::{
+    decide, Decision, NormalizedEvent, OrderRef, OrderState, OrderStatus, Provider, StatusChange,
+};
 use crate::providers::normalise_stored;
-
-/// What happened to a delivery. The first four are stored in `processed_events.outcome`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Processed,
-    Stale,
-    Ignored,
-    Parked,
-    /// A payment for an API order did not match its amount or currency: the order went to
-    /// `needs_review` instead of `paid`.
-    AmountMismatch,
-    /// The event id was already claimed: nothing changed.
-    Duplicate,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Processed => "processed",
-            Outcome::Stale => "stale",
-            Outcome::Ignored => "ignored",
-            Outcome::Parked => "parked",
-            Outcome::AmountMismatch => "amount_mismatch",
-            Outcome::Duplicate => "duplicate",
-        }
-    }
-}
 
 /// How long each provider's event ids are kept, in seconds.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +50,11 @@ pub fn record_event_and_apply(
         OrderRef::OrderId(id) => Some(id.as_str()),
         _ => None,
     };
+    if let Some(legacy) = &event.legacy_event_id {
+        if is_claimed(db, event.provider, legacy, &now)? {
+            return Ok(Outcome::Duplicate);
+        }
+    }
 
     // The claim. A row whose retention has run out counts as absent even before the purge
     // removes it, so the contract "a delivery older than the retention is new" holds exactly.
@@ -97,7 +78,7 @@ pub fn record_event_and_apply(
             known_order_id,
             now,
             expires_at,
-            event.payment_intent_id,
+            event.payment_ref,
             payload,
         ])?;
     if claimed == 0 {
@@ -123,6 +104,20 @@ pub fn record_event_and_apply(
     Ok(outcome)
 }
 
+/// True when `event_id` holds a claim that has not expired.
+fn is_claimed(
+    db: &mut Statements<'_>,
+    provider: Provider,
+    event_id: &str,
+    now: &str,
+) -> rusqlite::Result<bool> {
+    db.prepare(
+        "SELECT EXISTS (SELECT 1 FROM processed_events
+                        WHERE provider = ?1 AND event_id = ?2 AND expires_at > ?3)",
+    )?
+    .query_row(params![provider.as_str(), event_id, now], |row| row.get(0))
+}
+
 /// Finds the event's order and applies its change; returns the outcome and the order id.
 fn resolve_and_apply(
     db: &mut Statements<'_>,
@@ -138,10 +133,10 @@ fn resolve_and_apply(
     };
     let order_id = match &event.order_ref {
         OrderRef::OrderId(id) => id.clone(),
-        OrderRef::PaymentIntent {
-            payment_intent_id,
+        OrderRef::Payment {
+            reference,
             park_if_unlinked,
-        } => match order_for_payment_intent(db, payment_intent_id)? {
+        } => match order_for_payment(db, reference)? {
             Some(order_id) => order_id,
             None if *park_if_unlinked => return Ok((Outcome::Parked, None)),
             None => return Ok((Outcome::Ignored, None)),
@@ -152,12 +147,9 @@ fn resolve_and_apply(
     Ok((outcome, Some(order_id)))
 }
 
-fn order_for_payment_intent(
-    db: &mut Statements<'_>,
-    payment_intent_id: &str,
-) -> rusqlite::Result<Option<String>> {
+fn order_for_payment(db: &mut Statements<'_>, reference: &str) -> rusqlite::Result<Option<String>> {
     db.prepare("SELECT order_id FROM order_payment_intents WHERE payment_intent_id = ?1")?
-        .query_row([payment_intent_id], |row| row.get(0))
+        .query_row([reference], |row| row.get(0))
         .optional()
 }
 
@@ -175,59 +167,54 @@ fn set_event_outcome(
     Ok(())
 }
 
-/// An order row as the state machine sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct OrderState {
-    pub(crate) status: OrderStatus,
-    /// Created through the API (its amount and currency are the shop's own).
-    pub(crate) from_api: bool,
-    pub(crate) amount: Option<i64>,
-    pub(crate) refunded_amount: i64,
-    pub(crate) currency: Option<String>,
-    pub(crate) customer_email: Option<String>,
-    pub(crate) payment_intent_id: Option<String>,
-}
-
 pub(crate) fn load_order(
     db: &mut Statements<'_>,
     order_id: &str,
 ) -> Result<Option<OrderState>, StoreError> {
     let row = db
         .prepare(
-            "SELECT status, amount, refunded_amount, currency, customer_email, payment_intent_id,
-                    source = 'api'
+            "SELECT status, provider, amount, refunded_amount, currency, customer_email,
+                    payment_intent_id, source = 'api', paid_amount, paid_currency
              FROM orders WHERE order_id = ?1",
         )?
         .query_row([order_id], |row| {
             Ok((
                 row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
                 OrderState {
+                    provider: Provider::Stripe,   // replaced below
                     status: OrderStatus::Pending, // replaced below
-                    from_api: row.get(6)?,
-                    amount: row.get(1)?,
-                    refunded_amount: row.get(2)?,
-                    currency: row.get(3)?,
-                    customer_email: row.get(4)?,
-                    payment_intent_id: row.get(5)?,
+                    from_api: row.get(7)?,
+                    amount: row.get(2)?,
+                    refunded_amount: row.get(3)?,
+                    currency: row.get(4)?,
+                    customer_email: row.get(5)?,
+                    payment_ref: row.get(6)?,
+                    paid_amount: row.get(8)?,
+                    paid_currency: row.get(9)?,
                 },
             ))
         })
         .optional()?;
-    let Some((status, mut state)) = row else {
+    let Some((status, provider, mut state)) = row else {
         return Ok(None);
     };
-    state.status = status.parse().map_err(|_| {
+    let unreadable = |column: &str, value: &str| {
         rusqlite::Error::FromSqlConversionFailure(
             0,
             rusqlite::types::Type::Text,
-            format!("orders.status holds `{status}`").into(),
+            format!("orders.{column} holds `{value}`").into(),
         )
-    })?;
+    };
+    state.status = status.parse().map_err(|_| unreadable("status", &status))?;
+    state.provider = provider
+        .parse()
+        .map_err(|_| unreadable("provider", &provider))?;
     Ok(Some(state))
 }
 
-/// Moves `order_id` by the state machine and queues the customer notice for the status reached.
-/// The order is read once; its new state is computed here and written with one statement.
+/// Moves `order_id` as [`decide`] says and queues the customer notice for the status reached.
+/// The order is read once and written with one statement.
 fn apply_change(
     db: &mut Statements<'_>,
     event: &NormalizedEvent,
@@ -236,124 +223,56 @@ fn apply_change(
     now: &str,
 ) -> Result<Outcome, StoreError> {
     let current = load_order(db, order_id)?;
-    let linked_pi = current.as_ref().and_then(|c| c.payment_intent_id.clone());
-    let outcome = match current {
-        None => {
-            // First seen through this event: created in the state the event reports.
-            let state = OrderState {
-                status: change.target,
-                from_api: false,
-                amount: change.amount,
-                refunded_amount: if change.target.is_refund() {
-                    change.refunded_amount.unwrap_or(0)
-                } else {
-                    0
-                },
-                currency: change.currency.clone(),
-                customer_email: change.customer_email.clone(),
-                payment_intent_id: event.payment_intent_id.clone(),
-            };
-            save_change(db, event, order_id, None, &state, now)?;
-            Outcome::Processed
+    let linked = current.as_ref().and_then(|c| c.payment_ref.clone());
+    let decision = decide(current.as_ref(), event, change);
+    let outcome = decision.outcome();
+    match decision {
+        Decision::Create { state } => save_change(db, event, order_id, None, &state, now)?,
+        Decision::Move {
+            from,
+            next,
+            outcome,
+        } => {
+            if outcome != Outcome::Processed {
+                tracing::warn!(
+                    order_id = %crate::domain::text::Escaped(order_id),
+                    provider = %event.provider,
+                    event_type = %crate::domain::text::Escaped(&event.event_type),
+                    outcome = outcome.as_str(),
+                    "order moved to needs_review: {}",
+                    match outcome {
+                        Outcome::Reversed => "the provider reversed a payment it had settled; no email was queued",
+                        _ => "the payment does not match the order's amount or currency",
+                    }
+                );
+            }
+            save_change(db, event, order_id, Some(from), &next, now)?
         }
-        Some(current) => move_existing_order(db, event, change, order_id, &current, now)?,
-    };
+        Decision::Keep { next, .. } => {
+            if current.as_ref() != Some(&next) {
+                db.prepare(
+                    "UPDATE orders SET amount = ?2, currency = ?3, customer_email = ?4,
+                                       payment_intent_id = ?5
+                     WHERE order_id = ?1",
+                )?
+                .execute(params![
+                    order_id,
+                    next.amount,
+                    next.currency,
+                    next.customer_email,
+                    next.payment_ref
+                ])?;
+            }
+        }
+    }
 
-    if let Some(pi) = &event.payment_intent_id {
-        // An order's recorded PaymentIntent was linked when it was recorded.
-        if linked_pi.as_deref() != Some(pi.as_str()) {
-            link_payment_intent(db, pi, order_id, now)?;
+    if let Some(reference) = &event.payment_ref {
+        // An order's recorded payment was linked when it was recorded.
+        if linked.as_deref() != Some(reference.as_str()) {
+            link_payment(db, reference, order_id, now)?;
         }
     }
     Ok(outcome)
-}
-
-fn move_existing_order(
-    db: &mut Statements<'_>,
-    event: &NormalizedEvent,
-    change: &StatusChange,
-    order_id: &str,
-    current: &OrderState,
-    now: &str,
-) -> Result<Outcome, StoreError> {
-    let target = change.target;
-    let refunded = change.refunded_amount.unwrap_or(0);
-    let further_refund =
-        target == current.status && target.is_refund() && refunded > current.refunded_amount;
-    let forward = current.status.can_move_forward_to(target)
-        // A forward move that reports less refunded money than already recorded comes from an
-        // older refund event than one already applied: money is never un-refunded.
-        && !(target.is_refund() && refunded < current.refunded_amount);
-
-    // Details the order lacks (first PaymentIntent, amount, currency, email) are filled in from
-    // any event, even one that does not move the status; they are not effects.
-    let mut next = OrderState {
-        status: current.status,
-        from_api: current.from_api,
-        amount: current.amount.or(change.amount),
-        refunded_amount: current.refunded_amount,
-        currency: current.currency.clone().or_else(|| change.currency.clone()),
-        customer_email: current
-            .customer_email
-            .clone()
-            .or_else(|| change.customer_email.clone()),
-        payment_intent_id: current
-            .payment_intent_id
-            .clone()
-            .or_else(|| event.payment_intent_id.clone()),
-    };
-
-    if further_refund || forward {
-        next.status = target;
-        let mismatch =
-            target == OrderStatus::Paid && current.from_api && payment_mismatch(current, change);
-        if mismatch {
-            // Do not mark it paid: an operator has to look (sekali orders set-status).
-            next.status = OrderStatus::NeedsReview;
-            tracing::warn!(
-                order_id,
-                expected_amount = ?current.amount,
-                paid_amount = ?change.paid_amount,
-                expected_currency = ?current.currency,
-                paid_currency = ?change.currency,
-                "payment does not match the order; order moved to needs_review"
-            );
-        }
-        if let Some(reported) = change.refunded_amount {
-            next.refunded_amount = next.refunded_amount.max(reported);
-        }
-        // The newest address wins for the notice this change sends.
-        if change.customer_email.is_some() {
-            next.customer_email = change.customer_email.clone();
-        }
-        save_change(db, event, order_id, Some(current.status), &next, now)?;
-        return Ok(if mismatch {
-            Outcome::AmountMismatch
-        } else {
-            Outcome::Processed
-        });
-    }
-
-    if next != *current {
-        db.prepare(
-            "UPDATE orders SET amount = ?2, currency = ?3, customer_email = ?4, payment_intent_id = ?5
-             WHERE order_id = ?1",
-        )?
-        .execute(params![
-            order_id,
-            next.amount,
-            next.currency,
-            next.customer_email,
-            next.payment_intent_id
-        ])?;
-    }
-    Ok(if target == current.status && !target.is_refund() {
-        // Already there: processed, no effects.
-        Outcome::Processed
-    } else {
-        // Backwards, or a refund event that reports no more refunded money than recorded.
-        Outcome::Stale
-    })
 }
 
 /// Writes an order's new state (creating the order if `from` is `None`) and records the change
@@ -368,25 +287,29 @@ fn save_change(
 ) -> rusqlite::Result<()> {
     db.prepare(
         "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
-                             customer_email, payment_intent_id, created_at, updated_at, last_event_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)
+                             customer_email, payment_intent_id, created_at, updated_at, last_event_id,
+                             paid_amount, paid_currency)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12)
          ON CONFLICT (order_id) DO UPDATE SET
              status = excluded.status, amount = excluded.amount,
              refunded_amount = excluded.refunded_amount, currency = excluded.currency,
              customer_email = excluded.customer_email, payment_intent_id = excluded.payment_intent_id,
-             updated_at = excluded.updated_at, last_event_id = excluded.last_event_id",
+             updated_at = excluded.updated_at, last_event_id = excluded.last_event_id,
+             paid_amount = excluded.paid_amount, paid_currency = excluded.paid_currency",
     )?
     .execute(params![
         order_id,
-        event.provider.as_str(),
+        state.provider.as_str(),
         state.status.as_str(),
         state.amount,
         state.refunded_amount,
         state.currency,
         state.customer_email,
-        state.payment_intent_id,
+        state.payment_ref,
         now,
         event.event_id,
+        state.paid_amount,
+        state.paid_currency,
     ])?;
     record_change(
         db,
@@ -397,18 +320,6 @@ fn save_change(
         state,
         now,
     )
-}
-
-/// True when a payment's amount or currency differs from what the order asked for (currencies
-/// compare case-insensitively: Stripe sends `idr`, Midtrans `IDR`).
-fn payment_mismatch(order: &OrderState, change: &StatusChange) -> bool {
-    let amount_differs =
-        matches!((order.amount, change.paid_amount), (Some(want), Some(paid)) if want != paid);
-    let currency_differs = matches!(
-        (&order.currency, &change.currency),
-        (Some(want), Some(paid)) if !want.eq_ignore_ascii_case(paid)
-    );
-    amount_differs || currency_differs
 }
 
 /// The effects of a status change: its row in the audit trail and the customer notice the new
@@ -458,12 +369,17 @@ fn record_transition(
 /// alphabetical order, the order the rows have always had.
 #[derive(serde::Serialize)]
 struct NoticeParams<'a> {
+    /// The amount the email shows: for a receipt what was paid, else the order's.
     amount: Option<i64>,
     currency: Option<&'a str>,
     event_id: &'a str,
+    /// Decimals of `amount` and `refunded_amount` (the order's provider's minor units).
+    exponent: u32,
     order_id: &'a str,
     provider: &'a str,
     refunded_amount: i64,
+    /// The currency of `refunded_amount` (the order's).
+    refunded_currency: Option<&'a str>,
     status: &'a str,
 }
 
@@ -487,12 +403,23 @@ fn queue_notice(
         order.status,
         order.refunded_amount,
     );
+    // A receipt says what the customer paid: after a mismatch that an operator settled, that
+    // is not the order's amount.
+    let (amount, currency) = match (notice, order.paid_amount) {
+        (crate::domain::Notice::Receipt, Some(paid)) => (
+            Some(paid),
+            order.paid_currency.as_deref().or(order.currency.as_deref()),
+        ),
+        _ => (order.amount, order.currency.as_deref()),
+    };
     let params_json = serde_json::to_string(&NoticeParams {
         order_id,
         status: order.status.as_str(),
-        amount: order.amount,
+        amount,
         refunded_amount: order.refunded_amount,
-        currency: order.currency.as_deref(),
+        exponent: currency.map_or(2, |c| order.provider.amount_exponent(c)),
+        currency,
+        refunded_currency: order.currency.as_deref(),
         provider,
         event_id,
     })
@@ -536,11 +463,11 @@ pub fn outbox_idempotency_key(
     crate::domain::hex_lower(&hasher.finalize())
 }
 
-/// Records that `payment_intent_id` belongs to `order_id` and, the first time, applies the
+/// Records that the payment `reference` belongs to `order_id` and, the first time, applies the
 /// events that were parked waiting for that link, oldest first, in this same transaction.
-fn link_payment_intent(
+fn link_payment(
     db: &mut Statements<'_>,
-    payment_intent_id: &str,
+    reference: &str,
     order_id: &str,
     now: &str,
 ) -> Result<(), StoreError> {
@@ -549,7 +476,7 @@ fn link_payment_intent(
             "INSERT INTO order_payment_intents (payment_intent_id, order_id) VALUES (?1, ?2)
              ON CONFLICT (payment_intent_id) DO NOTHING",
         )?
-        .execute(params![payment_intent_id, order_id])?;
+        .execute(params![reference, order_id])?;
     if inserted == 0 {
         return Ok(());
     }
@@ -559,7 +486,7 @@ fn link_payment_intent(
              WHERE outcome = 'parked' AND payment_intent_id = ?1 AND provider = 'stripe'
              ORDER BY received_at, rowid",
         )?
-        .query_map([payment_intent_id], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .query_map([reference], |row| Ok((row.get(0)?, row.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
     for (event_id, payload) in parked {
         let event = normalise_stored(Provider::Stripe, payload.as_bytes())?;
@@ -567,7 +494,7 @@ fn link_payment_intent(
             Some(change) => apply_change(db, &event, change, order_id, now)?,
             None => Outcome::Ignored,
         };
-        tracing::debug!(parked_event_id = %event_id, outcome = outcome.as_str(), "applied parked event");
+        tracing::debug!(parked_event_id = %crate::domain::text::Escaped(&event_id), outcome = outcome.as_str(), "applied parked event");
         set_event_outcome(db, Provider::Stripe, &event_id, outcome, Some(order_id))?;
     }
     Ok(())

@@ -35,6 +35,11 @@ pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;
 pub enum StoreError {
     #[error("database file {0} does not exist")]
     Missing(String),
+    /// The file could not be opened or created; `reason` says why in terms of the file system
+    /// (the directory is missing or not writable), which SQLite's "unable to open database file"
+    /// does not.
+    #[error("cannot open the database file {path}: {reason}")]
+    CannotOpen { path: String, reason: String },
     /// SQLite falls back to read-only when it cannot open the file for writing (permissions,
     /// an immutable file, a read-only mount). Found at open, so `serve` refuses to start
     /// instead of answering every delivery 503.
@@ -89,7 +94,7 @@ fn apply_connection_pragmas(conn: &Connection, busy_timeout: Duration) -> rusqli
 /// schema applied. Through [`wal_vfs`], which hands each commit's WAL frames to the OS in one
 /// write.
 pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
-    let conn = wal_vfs::open(path)?;
+    let conn = wal_vfs::open(path).map_err(|e| explain_open_failure(path, e))?;
     refuse_read_only(&conn, path)?;
     apply_connection_pragmas(&conn, busy_timeout)?;
     wal_vfs::check_full_sync(&conn)?;
@@ -103,6 +108,53 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
     conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
     schema::migrate(&conn)?;
     Ok(conn)
+}
+
+/// Turns SQLite's "unable to open database file" into what the operator can act on: the file's
+/// absolute path and what is wrong with its directory.
+fn explain_open_failure(path: &Path, error: rusqlite::Error) -> StoreError {
+    let is_cannot_open = matches!(
+        &error,
+        rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::CannotOpen
+    );
+    if !is_cannot_open {
+        return error.into();
+    }
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let dir = absolute.parent().unwrap_or(Path::new("/"));
+    let reason = if !dir.is_dir() {
+        format!("the directory {} does not exist", dir.display())
+    } else if !can_create_files_in(dir) {
+        format!(
+            "the directory {} is not writable by this user (sekali creates the file and its -wal and -shm files there)",
+            dir.display()
+        )
+    } else if absolute.is_dir() {
+        "it is a directory".to_owned()
+    } else {
+        error.to_string()
+    };
+    StoreError::CannotOpen {
+        path: absolute.display().to_string(),
+        reason,
+    }
+}
+
+/// Whether this process can create a file in `dir` (tried, then removed: permission bits alone
+/// say nothing of ACLs, read-only mounts or root).
+fn can_create_files_in(dir: &Path) -> bool {
+    let probe = dir.join(format!(".sekali-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            true
+        }
+        Err(e) => e.kind() == std::io::ErrorKind::AlreadyExists,
+    }
 }
 
 fn refuse_read_only(conn: &Connection, path: &Path) -> Result<(), StoreError> {

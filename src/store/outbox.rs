@@ -104,8 +104,13 @@ pub fn claim_due(
                 },
             )?
             .collect::<rusqlite::Result<_>>()?;
+        // Only a text locale counts: an order's metadata is the shop's JSON, and one row's odd
+        // value must not fail the claim of every row behind it (before this, a `"locale": 5`
+        // stopped all email).
         let mut locale = conn.prepare_cached(
-            "SELECT json_extract(metadata, '$.locale') FROM orders WHERE order_id = ?1 AND json_valid(metadata)",
+            "SELECT CASE WHEN json_type(metadata, '$.locale') = 'text'
+                         THEN json_extract(metadata, '$.locale') END
+             FROM orders WHERE order_id = ?1 AND json_valid(metadata)",
         )?;
         for email in &mut claimed {
             email.locale = locale

@@ -11,31 +11,35 @@
 //!    (`ALTER TABLE ... ADD COLUMN`); a version-1 database gets it when its `email_outbox` is
 //!    rebuilt from this schema. Rows already tried get their `created_at`, the earliest their
 //!    first try can have been.
+//! 4. `orders.paid_amount` and `orders.paid_currency` (what the receipt shows), added in place;
+//!    the outcome `reversed`, whose CHECK is rewritten in place as version 2's were (it accepts a
+//!    superset of the values it accepted, so no stored row can violate it).
 
 use rusqlite::{Connection, OptionalExtension};
 
 use super::StoreError;
 
-/// The text of `schema.sql`: version 3.
+/// The text of `schema.sql`: version 4.
 pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
-/// Version-1 constraints that version 2 rewrites in place: (table, version-1 text, version-2
-/// text). Each pair accepts exactly the same values, so no stored row can violate the new text,
-/// and the rewrite changes nothing on disk but the table's definition in `sqlite_schema`.
-/// (`email_outbox` is rebuilt instead: see [`rebuild_email_outbox`].)
-const V1_CHECKS: [(&str, &str, &str); 2] = [
+/// CHECK constraints rewritten in place, in order: (the version whose text `new` is, table, the
+/// text before it, `new`). Each new text accepts every value the old one did, so no stored row
+/// can violate it, and the rewrite changes nothing on disk but the table's definition in
+/// `sqlite_schema`. (`email_outbox` was rebuilt instead, at version 2: see
+/// [`rebuild_email_outbox`].)
+const CHECK_REWRITES: [(i64, &str, &str, &str); 3] = [
     (
+        2,
         "processed_events",
         "CHECK (outcome IN ('processed', 'stale', 'ignored', 'parked',
                                                        'amount_mismatch'))",
-        "CHECK (outcome = 'processed' OR outcome = 'stale'
-                          OR outcome = 'ignored' OR outcome = 'parked'
-                          OR outcome = 'amount_mismatch')",
+        V2_OUTCOME_CHECK,
     ),
     (
+        2,
         "orders",
         "CHECK (status IN ('pending', 'paid', 'failed', 'cancelled',
                           'expired', 'partially_refunded', 'refunded', 'disputed', 'needs_review'))",
@@ -44,7 +48,20 @@ const V1_CHECKS: [(&str, &str, &str); 2] = [
                           OR status = 'partially_refunded' OR status = 'refunded'
                           OR status = 'disputed' OR status = 'needs_review')",
     ),
+    (
+        4,
+        "processed_events",
+        V2_OUTCOME_CHECK,
+        "CHECK (outcome = 'processed' OR outcome = 'stale'
+                          OR outcome = 'ignored' OR outcome = 'parked'
+                          OR outcome = 'amount_mismatch' OR outcome = 'reversed')",
+    ),
 ];
+
+/// `processed_events.outcome`'s CHECK from version 2 to version 3.
+const V2_OUTCOME_CHECK: &str = "CHECK (outcome = 'processed' OR outcome = 'stale'
+                          OR outcome = 'ignored' OR outcome = 'parked'
+                          OR outcome = 'amount_mismatch')";
 
 /// Brings the database to [`SCHEMA_VERSION`]. Idempotent, and safe when several processes start
 /// at once: the version is read again inside the write transaction.
@@ -71,13 +88,21 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
         }
         if version < 1 {
             conn.execute_batch(SCHEMA_SQL)?;
-        } else if version == 1 {
-            // The rebuilt email_outbox takes this schema's definition, version 3's column
-            // included.
-            rewrite_v1_checks(conn)?;
-            rebuild_email_outbox(conn)?;
-        } else if version == 2 {
-            conn.execute_batch("ALTER TABLE email_outbox ADD COLUMN first_tried_at TEXT")?;
+        } else {
+            rewrite_checks(conn, version)?;
+            if version == 1 {
+                // The rebuilt email_outbox takes this schema's definition, version 3's column
+                // included.
+                rebuild_email_outbox(conn)?;
+            } else if version == 2 {
+                conn.execute_batch("ALTER TABLE email_outbox ADD COLUMN first_tried_at TEXT")?;
+            }
+            if version < 4 {
+                conn.execute_batch(
+                    "ALTER TABLE orders ADD COLUMN paid_amount INTEGER;
+                     ALTER TABLE orders ADD COLUMN paid_currency TEXT;",
+                )?;
+            }
         }
         if (1..3).contains(&version) {
             // Rows tried before version 3 keep the HTTP key-lifetime guard: their first try was
@@ -108,17 +133,20 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Version 1 to 2, inside the caller's transaction: replaces each IN-list CHECK with its OR
-/// chain in the stored table definitions. This is the procedure SQLite documents for changes
-/// that leave the stored content valid ("ALTER TABLE: making other kinds of table schema
-/// changes"): edit `sqlite_schema` under `writable_schema`, then bump `schema_version` so every
-/// connection re-reads it. The edited definitions are parsed again before the caller commits,
-/// so a mistake rolls back instead of leaving an unreadable schema.
-fn rewrite_v1_checks(conn: &Connection) -> Result<(), StoreError> {
+/// From `version`, inside the caller's transaction: applies every rewrite of [`CHECK_REWRITES`]
+/// newer than `version`, in order, to the stored table definitions. This is the procedure SQLite
+/// documents for changes that leave the stored content valid ("ALTER TABLE: making other kinds
+/// of table schema changes"): edit `sqlite_schema` under `writable_schema`, then bump
+/// `schema_version` so every connection re-reads it. The edited definitions are parsed again
+/// before the caller commits, so a mistake rolls back instead of leaving an unreadable schema.
+fn rewrite_checks(conn: &Connection, version: i64) -> Result<(), StoreError> {
     let schema_version: i64 = conn.pragma_query_value(None, "schema_version", |r| r.get(0))?;
     conn.pragma_update(None, "writable_schema", true)?;
     let mut rewritten = 0;
-    for (table, v1, v2) in V1_CHECKS {
+    for (_, table, v1, v2) in CHECK_REWRITES
+        .into_iter()
+        .filter(|(introduced, ..)| *introduced > version)
+    {
         let sql: Option<String> = conn
             .query_row(
                 "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1",
@@ -135,11 +163,11 @@ fn rewrite_v1_checks(conn: &Connection) -> Result<(), StoreError> {
                 rewritten += 1;
             }
             Some(sql) if sql.contains(v2) => {}
-            // Not the text version 1 wrote: left alone. Nothing is lost, as the old constraint
-            // accepts the same values, only more slowly.
+            // Not the text the earlier version wrote: left alone, and said. (A version-2 rewrite
+            // not found costs only speed; a later one would refuse the new values.)
             _ => tracing::warn!(
                 table,
-                "a version-1 CHECK constraint was not found; left as it is"
+                "a CHECK constraint of an earlier schema version was not found; left as it is"
             ),
         }
     }
@@ -199,22 +227,34 @@ pub fn user_version(conn: &Connection) -> rusqlite::Result<i64> {
 mod tests {
     use super::*;
 
-    /// The rewrite's texts match the two schema files exactly, so it finds what it replaces.
+    /// Each rewrite finds its text in the schema of the version before it, and the last text of
+    /// each constraint is what schema.sql has now.
     #[test]
-    fn version_1_checks_are_found_in_both_schema_texts() {
-        let v1 = include_str!("../../fixtures/schema-v1.sql");
-        for (table, old, new) in V1_CHECKS {
+    fn every_check_rewrite_finds_its_text_and_ends_at_schema_sql() {
+        let schema_of = |version: i64| match version {
+            1 => include_str!("../../fixtures/schema-v1.sql"),
+            2 => include_str!("../../fixtures/schema-v2.sql"),
+            3 => include_str!("../../fixtures/schema-v3.sql"),
+            _ => SCHEMA_SQL,
+        };
+        for (version, table, old, new) in CHECK_REWRITES {
             assert!(
-                v1.contains(old),
-                "{table}: version-1 text not in schema-v1.sql"
+                schema_of(version - 1).contains(old),
+                "{table}: the text before version {version} is not in that version's schema"
             );
             assert!(
-                SCHEMA_SQL.contains(new),
-                "{table}: version-2 text not in schema.sql"
+                schema_of(version).contains(new),
+                "{table}: version {version}'s text is not in its schema"
             );
+        }
+        for (table, old, _) in [
+            ("processed_events", CHECK_REWRITES[0].2, ()),
+            ("orders", CHECK_REWRITES[1].2, ()),
+            ("processed_events", V2_OUTCOME_CHECK, ()),
+        ] {
             assert!(
                 !SCHEMA_SQL.contains(old),
-                "{table}: schema.sql still has the IN list"
+                "{table}: schema.sql still has an older CHECK"
             );
         }
     }

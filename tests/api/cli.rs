@@ -64,8 +64,11 @@ async fn replay_with_the_wrong_secret_shows_the_rejection_and_fails() {
     .await
     .unwrap();
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stdout)
-        .contains(r#"401 {"error":"no signature matches any configured secret"}"#));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!(r#"401 {{"error":"{NO_MATCH}"}}"#)),
+        "{stdout}"
+    );
 }
 
 #[actix_web::test]

@@ -16,6 +16,12 @@ pub const STRIPE_SECRET: &str = "whsec_test_c2VrYWxpLXRlc3Qtc2VjcmV0LW9uZQ";
 pub const STRIPE_SECRET_NEXT: &str = "whsec_test_c2VrYWxpLXRlc3Qtc2VjcmV0LXR3bw";
 pub const MIDTRANS_KEY: &str = "SB-Mid-server-sekali-test-key";
 
+/// What a delivery whose signature matches no secret is told (a 401).
+pub const NO_MATCH: &str = "no signature matches any configured secret. The signature covers the \
+    exact bytes received: check that STRIPE_WEBHOOK_SECRET is this endpoint's signing secret, \
+    and that nothing re-encoded the body on the way (send a file with curl \
+    --data-binary @file, not -d)";
+
 pub struct TestApp {
     pub address: String,
     pub port: u16,
@@ -40,6 +46,9 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     settings.workers = 2;
     settings.handle_signals = false;
     settings.shutdown_timeout = Duration::from_secs(5);
+    // Midtrans notifications are applied as sent here, as with --midtrans-status-check off: the
+    // tests of the check itself (midtrans_status.rs) run it against a stand-in of the API.
+    settings.midtrans_status = None;
     adjust(&mut settings);
     let clock = ManualClock::new(SystemClock.now_unix());
     let app = Application::build(settings, clock.clone()).expect("the app builds");
@@ -305,6 +314,9 @@ impl ServeProcess {
             .args(args)
             .env_remove("STRIPE_WEBHOOK_SECRET")
             .env_remove("MIDTRANS_SERVER_KEY")
+            // As in spawn_app: the check has tests of its own, against a stand-in of the API
+            // (a test can pass SEKALI_MIDTRANS_STATUS_CHECK=on in `env`).
+            .env("SEKALI_MIDTRANS_STATUS_CHECK", "off")
             .env("RUST_LOG", rust_log)
             .stderr(std::process::Stdio::piped());
         for (name, value) in env {

@@ -13,7 +13,6 @@ use crate::helpers::*;
 
 const SUCCEEDED: &str = "stripe/payment_intent.succeeded.json";
 const SUCCEEDED_ID: &str = "evt_1QA0002succeeded000001";
-const NO_MATCH: &str = "no signature matches any configured secret";
 
 fn succeeded_text() -> String {
     String::from_utf8(fixture(SUCCEEDED)).unwrap()

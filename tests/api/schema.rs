@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use rusqlite::Connection;
+use sekali::store::schema::SCHEMA_VERSION;
 
 use crate::helpers::*;
 
@@ -45,7 +46,7 @@ async fn a_version_1_database_is_rewritten_in_place_and_keeps_its_rows() {
 
     let v1_db = db.clone();
     let app = spawn_app_with(move |settings| settings.db_path = v1_db).await;
-    assert_eq!(user_version(&db), 3);
+    assert_eq!(user_version(&db), SCHEMA_VERSION);
 
     // The stored definitions no longer hold IN lists over three or more values.
     let conn = Connection::open(&db).unwrap();
@@ -164,7 +165,7 @@ async fn a_version_2_database_gains_the_first_try_column_in_place_and_keeps_its_
 
     let v2_db = db.clone();
     let app = spawn_app_with(move |settings| settings.db_path = v2_db).await;
-    assert_eq!(user_version(&db), 3);
+    assert_eq!(user_version(&db), SCHEMA_VERSION);
     let conn = Connection::open(&db).unwrap();
     let (key, attempts, first): (String, i64, Option<String>) = conn
         .query_row(
@@ -188,9 +189,69 @@ async fn a_version_2_database_gains_the_first_try_column_in_place_and_keeps_its_
 }
 
 #[actix_web::test]
+async fn a_version_3_database_gains_the_paid_amount_and_the_reversed_outcome_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v3.db");
+    let conn = Connection::open(&db).unwrap();
+    conn.execute_batch(include_str!("../../fixtures/schema-v3.sql"))
+        .unwrap();
+    conn.execute_batch(
+        "PRAGMA user_version = 3;
+         INSERT INTO orders (order_id, provider, status, amount, currency, customer_email,
+                             created_at, updated_at, last_event_id)
+         VALUES ('ORDER-2007', 'midtrans', 'paid', 8500000, 'IDR', 'budi@example.com',
+                 '2026-11-01T10:00:00Z', '2026-11-01T10:00:00Z', 'ORDER-2007:settlement:200:accept');
+         INSERT INTO processed_events (provider, event_id, event_type, order_id, outcome,
+                                       received_at, expires_at, payload)
+         VALUES ('midtrans', 'ORDER-2007:settlement:200:accept', 'settlement', 'ORDER-2007',
+                 'processed', '2026-11-01T10:00:00Z', '2099-01-01T00:00:00Z', '{}');",
+    )
+    .unwrap();
+    // Version 3 refuses the new outcome.
+    assert!(conn
+        .execute(
+            "UPDATE processed_events SET outcome = 'reversed' WHERE event_id LIKE 'ORDER-2007%'",
+            []
+        )
+        .is_err());
+    drop(conn);
+
+    let v3_db = db.clone();
+    let app = spawn_app_with(move |settings| settings.db_path = v3_db).await;
+    assert_eq!(user_version(&db), SCHEMA_VERSION);
+    // The order kept its row, and has no paid amount (it was paid before sekali kept one).
+    let conn = Connection::open(&db).unwrap();
+    let paid: (String, i64, Option<i64>, Option<String>) = conn
+        .query_row(
+            "SELECT status, amount, paid_amount, paid_currency FROM orders WHERE order_id = 'ORDER-2007'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .unwrap();
+    assert_eq!(paid, ("paid".into(), 8_500_000, None, None));
+    // The reversal of that payment is recorded with its outcome.
+    let answer = app.deliver_midtrans("echannel.deny").await;
+    assert_eq!(
+        (answer.status, answer.outcome()),
+        (200, "reversed"),
+        "{:?}",
+        answer.body
+    );
+    let status: String = conn
+        .query_row(
+            "SELECT status FROM orders WHERE order_id = 'ORDER-2007'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(status, "needs_review");
+    app.stop().await;
+}
+
+#[actix_web::test]
 async fn a_new_database_starts_at_the_current_version() {
     let app = spawn_app().await;
-    assert_eq!(user_version(&app.db_path), 3);
+    assert_eq!(user_version(&app.db_path), SCHEMA_VERSION);
     app.stop().await;
 }
 
@@ -212,7 +273,8 @@ fn a_database_from_a_newer_sekali_is_refused_with_its_version() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("schema version 7") && stderr.contains("knows up to 3"),
+        stderr.contains("schema version 7")
+            && stderr.contains(&format!("knows up to {SCHEMA_VERSION}")),
         "{stderr}"
     );
     assert_eq!(user_version(&db), 7, "nothing was rewritten");

@@ -1,0 +1,97 @@
+//! Midtrans's status API, which confirms a notification: `GET {base}/v2/{order_id}/status` with
+//! the server key as Basic auth user, as Midtrans's own libraries ask it. What the answer means
+//! is decided by `providers::midtrans::Notification::confirmed_by`.
+
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+
+/// Production. [`SANDBOX_URL`] for a sandbox server key (`SB-…`).
+pub const PRODUCTION_URL: &str = "https://api.midtrans.com";
+pub const SANDBOX_URL: &str = "https://api.sandbox.midtrans.com";
+pub const ENV_API_URL: &str = "MIDTRANS_API_URL";
+
+/// How long one status request may take. Midtrans waits 15 s for the notification's answer and
+/// asks for one within 5 s; a slower API is answered 503, and Midtrans retries.
+pub const TIMEOUT: Duration = Duration::from_secs(4);
+
+/// The largest status answer read; a real one is about a kilobyte.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// Where the status API is, and the key to ask it with.
+#[derive(Debug, Clone)]
+pub struct StatusApi {
+    pub base_url: String,
+    pub server_key: SecretString,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StatusApiError {
+    #[error("the status API at {base_url} could not be reached: {reason}")]
+    Unreachable { base_url: String, reason: String },
+    #[error("the status API answered HTTP {status}")]
+    Failed { status: u16 },
+}
+
+impl StatusApi {
+    /// The default base URL for `server_key`: the sandbox for a sandbox key (`SB-…`), else
+    /// production.
+    pub fn default_url_for(server_key: &SecretString) -> &'static str {
+        if server_key.expose_secret().starts_with("SB-") {
+            SANDBOX_URL
+        } else {
+            PRODUCTION_URL
+        }
+    }
+
+    /// The status answer's body for `order_id` (the notification's, which its signature
+    /// covers). An HTTP error status with a body is passed on as an answer, because Midtrans
+    /// puts its own code inside the body (`"status_code": "404"`) and not always in the HTTP
+    /// status; a server error or no answer at all is [`StatusApiError`].
+    pub async fn fetch(&self, order_id: &str) -> Result<Vec<u8>, StatusApiError> {
+        let url = format!(
+            "{}/v2/{}/status",
+            self.base_url.trim_end_matches('/'),
+            percent_encoding::utf8_percent_encode(order_id, percent_encoding::NON_ALPHANUMERIC)
+        );
+        let unreachable = |reason: String| StatusApiError::Unreachable {
+            base_url: self.base_url.clone(),
+            reason,
+        };
+        let mut response = client(self.timeout)
+            .get(url)
+            .basic_auth(self.server_key.expose_secret(), "")
+            .insert_header(("Accept", "application/json"))
+            .send()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let status = response.status().as_u16();
+        if status >= 500 {
+            return Err(StatusApiError::Failed { status });
+        }
+        let body = response
+            .body()
+            .limit(MAX_ANSWER_BYTES)
+            .await
+            .map_err(|e| unreachable(format!("reading the answer: {e}")))?;
+        Ok(body.to_vec())
+    }
+}
+
+/// One client per HTTP worker thread, so its connections (and TLS sessions) are reused
+/// (`awc::Client` cannot move between threads).
+fn client(timeout: Duration) -> awc::Client {
+    thread_local! {
+        static CLIENT: std::cell::OnceCell<awc::Client> = const { std::cell::OnceCell::new() };
+    }
+    CLIENT.with(|cell| {
+        cell.get_or_init(|| {
+            awc::Client::builder()
+                .connector(awc::Connector::new().timeout(timeout))
+                .timeout(timeout)
+                .finish()
+        })
+        .clone()
+    })
+}

@@ -1,0 +1,445 @@
+//! What an event does to its order: a pure function of the order as it stands and the event.
+//!
+//! The store reads the order, asks [`decide`], and writes what it says; it decides nothing
+//! itself. So every arrow of the state machine, every refund rule and every notice is here, and
+//! tested without a database.
+
+use super::{EmailAddress, NormalizedEvent, OrderStatus, Provider, StatusChange};
+
+/// What happened to a delivery. The first six are stored in `processed_events.outcome`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Processed,
+    Stale,
+    Ignored,
+    Parked,
+    /// A payment for an API order did not match its amount or currency: the order went to
+    /// `needs_review` instead of `paid`.
+    AmountMismatch,
+    /// The provider reversed a payment already applied (Midtrans `deny` after `settlement`): the
+    /// order went from `paid` to `needs_review`, and no customer email was queued.
+    Reversed,
+    /// The event id was already claimed: nothing changed.
+    Duplicate,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Processed => "processed",
+            Outcome::Stale => "stale",
+            Outcome::Ignored => "ignored",
+            Outcome::Parked => "parked",
+            Outcome::AmountMismatch => "amount_mismatch",
+            Outcome::Reversed => "reversed",
+            Outcome::Duplicate => "duplicate",
+        }
+    }
+}
+
+/// An order as the decisions see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderState {
+    /// Whose payments move it (`orders.provider`); its amounts are in that provider's minor
+    /// units.
+    pub provider: Provider,
+    pub status: OrderStatus,
+    /// Created through the API (its amount and currency are the shop's own).
+    pub from_api: bool,
+    pub amount: Option<i64>,
+    pub refunded_amount: i64,
+    pub currency: Option<String>,
+    pub customer_email: Option<String>,
+    /// The first payment linked to it (`orders.payment_intent_id`).
+    pub payment_ref: Option<String>,
+    /// What the payment that moved it to `paid` (or to `needs_review` for a mismatch) said was
+    /// paid, and in which currency: what the receipt shows.
+    pub paid_amount: Option<i64>,
+    pub paid_currency: Option<String>,
+}
+
+/// What to write for an event with a status change, given the order's current state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The order does not exist yet: create it in `state` (a status change from nothing).
+    Create { state: OrderState },
+    /// A status change (or a further refund): write `next`, record the transition from `from`,
+    /// and queue the notice `next.status` carries.
+    Move {
+        from: OrderStatus,
+        next: OrderState,
+        outcome: Outcome,
+    },
+    /// No status change. `next` differs from the current state only in details the order lacked
+    /// (first amount, currency, address, payment): those are filled in, which are not effects.
+    Keep { next: OrderState, outcome: Outcome },
+}
+
+impl Decision {
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Decision::Create { .. } => Outcome::Processed,
+            Decision::Move { outcome, .. } | Decision::Keep { outcome, .. } => *outcome,
+        }
+    }
+}
+
+/// Decides what `event`'s `change` does to the order `current` (`None`: not seen yet).
+pub fn decide(
+    current: Option<&OrderState>,
+    event: &NormalizedEvent,
+    change: &StatusChange,
+) -> Decision {
+    let target = change.target;
+    let email = change.customer_email.as_ref().map(EmailAddress::to_string);
+    let Some(current) = current else {
+        // First seen through this event: created in the state the event reports.
+        let paid = target == OrderStatus::Paid;
+        return Decision::Create {
+            state: OrderState {
+                provider: event.provider,
+                status: target,
+                from_api: false,
+                amount: change.amount,
+                refunded_amount: if target.is_refund() {
+                    change.refunded_amount.unwrap_or(0)
+                } else {
+                    0
+                },
+                currency: change.currency.clone(),
+                customer_email: email,
+                payment_ref: event.payment_ref.clone(),
+                paid_amount: if paid { change.paid_amount } else { None },
+                paid_currency: if paid { change.currency.clone() } else { None },
+            },
+        };
+    };
+
+    let refunded = change.refunded_amount.unwrap_or(0);
+    let further_refund =
+        target == current.status && target.is_refund() && refunded > current.refunded_amount;
+    let reversal = change.reverses_payment && current.status == OrderStatus::Paid;
+    let forward = (current.status.can_move_forward_to(target) || reversal)
+        // A forward move that reports less refunded money than already recorded comes from an
+        // older refund event than one already applied: money is never un-refunded.
+        && !(target.is_refund() && refunded < current.refunded_amount);
+
+    // Details the order lacks (first payment, amount, currency, email) are filled in from any
+    // event, even one that does not move the status; they are not effects.
+    let mut next = OrderState {
+        amount: current.amount.or(change.amount),
+        currency: current.currency.clone().or_else(|| change.currency.clone()),
+        customer_email: current.customer_email.clone().or_else(|| email.clone()),
+        payment_ref: current
+            .payment_ref
+            .clone()
+            .or_else(|| event.payment_ref.clone()),
+        ..current.clone()
+    };
+
+    if !(further_refund || forward) {
+        let outcome = if target == current.status && !target.is_refund() {
+            // Already there: processed, no effects.
+            Outcome::Processed
+        } else {
+            // Backwards, or a refund event that reports no more refunded money than recorded.
+            Outcome::Stale
+        };
+        return Decision::Keep { next, outcome };
+    }
+
+    let mut outcome = Outcome::Processed;
+    next.status = target;
+    if reversal {
+        // Not cancelled: the customer paid and the provider took it back, which an operator
+        // has to look at (sekali orders set-status); no email tells the customer either way.
+        next.status = OrderStatus::NeedsReview;
+        outcome = Outcome::Reversed;
+    } else if target == OrderStatus::Paid {
+        next.paid_amount = change.paid_amount.or(change.amount);
+        next.paid_currency = change.currency.clone().or_else(|| current.currency.clone());
+        if current.from_api && payment_mismatch(current, change) {
+            // Do not mark it paid: an operator has to look (sekali orders set-status).
+            next.status = OrderStatus::NeedsReview;
+            outcome = Outcome::AmountMismatch;
+        }
+    }
+    if let Some(reported) = change.refunded_amount {
+        next.refunded_amount = next.refunded_amount.max(reported);
+    }
+    // The newest address wins for the notice this change sends.
+    if email.is_some() {
+        next.customer_email = email;
+    }
+    Decision::Move {
+        from: current.status,
+        next,
+        outcome,
+    }
+}
+
+/// True when a payment's amount or currency differs from what the order asked for (currencies
+/// compare case-insensitively: Stripe sends `idr`, Midtrans `IDR`).
+fn payment_mismatch(order: &OrderState, change: &StatusChange) -> bool {
+    let amount_differs =
+        matches!((order.amount, change.paid_amount), (Some(want), Some(paid)) if want != paid);
+    let currency_differs = matches!(
+        (&order.currency, &change.currency),
+        (Some(want), Some(paid)) if !want.eq_ignore_ascii_case(paid)
+    );
+    amount_differs || currency_differs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OrderStatus::*;
+    use super::*;
+    use crate::domain::OrderRef;
+
+    fn event(provider: Provider) -> NormalizedEvent {
+        NormalizedEvent {
+            provider,
+            event_id: "evt_1".into(),
+            event_type: "test".into(),
+            order_ref: OrderRef::OrderId("ord_1".into()),
+            payment_ref: None,
+            change: None,
+            legacy_event_id: None,
+            detail: None,
+        }
+    }
+
+    fn change(target: OrderStatus) -> StatusChange {
+        StatusChange {
+            target,
+            amount: Some(1500),
+            exponent: Some(2),
+            paid_amount: None,
+            refunded_amount: None,
+            currency: Some("usd".into()),
+            customer_email: None,
+            reverses_payment: false,
+        }
+    }
+
+    fn order(status: OrderStatus) -> OrderState {
+        OrderState {
+            provider: Provider::Stripe,
+            status,
+            from_api: false,
+            amount: Some(1500),
+            refunded_amount: 0,
+            currency: Some("usd".into()),
+            customer_email: None,
+            payment_ref: None,
+            paid_amount: None,
+            paid_currency: None,
+        }
+    }
+
+    fn decided(current: Option<&OrderState>, change: &StatusChange) -> (Outcome, OrderStatus) {
+        let decision = decide(current, &event(Provider::Stripe), change);
+        let status = match &decision {
+            Decision::Create { state } => state.status,
+            Decision::Move { next, .. } | Decision::Keep { next, .. } => next.status,
+        };
+        (decision.outcome(), status)
+    }
+
+    /// Every arrow of the state machine is a move; its reverse is stale.
+    #[test]
+    fn every_arrow_moves_forward_and_every_reverse_is_stale() {
+        let arrows = [
+            (Pending, Paid),
+            (Pending, Failed),
+            (Pending, Cancelled),
+            (Pending, Expired),
+            (Failed, Paid),
+            (Failed, Cancelled),
+            (Failed, Expired),
+            (Paid, PartiallyRefunded),
+            (Paid, Refunded),
+            (Paid, Disputed),
+            (PartiallyRefunded, Refunded),
+            (PartiallyRefunded, Disputed),
+        ];
+        for (from, to) in arrows {
+            let mut c = change(to);
+            if to.is_refund() {
+                c.refunded_amount = Some(if to == Refunded { 1500 } else { 500 });
+            }
+            assert_eq!(
+                decided(Some(&order(from)), &c),
+                (Outcome::Processed, to),
+                "{from} -> {to}"
+            );
+            let mut back = order(to);
+            back.refunded_amount = c.refunded_amount.unwrap_or(0);
+            assert_eq!(
+                decided(Some(&back), &change(from)),
+                (Outcome::Stale, to),
+                "{to} -> {from}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_order_seen_first_is_created_in_the_reported_state() {
+        let mut c = change(Paid);
+        c.paid_amount = Some(1500);
+        let decision = decide(None, &event(Provider::Midtrans), &c);
+        let Decision::Create { state } = decision else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(state.status, Paid);
+        assert_eq!(state.provider, Provider::Midtrans);
+        assert_eq!(
+            (state.paid_amount, state.paid_currency.as_deref()),
+            (Some(1500), Some("usd"))
+        );
+    }
+
+    #[test]
+    fn reaching_the_same_status_again_is_processed_without_a_move() {
+        let decision = decide(Some(&order(Paid)), &event(Provider::Stripe), &change(Paid));
+        assert!(
+            matches!(
+                decision,
+                Decision::Keep {
+                    outcome: Outcome::Processed,
+                    ..
+                }
+            ),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn refunds_only_grow() {
+        let mut partly = order(PartiallyRefunded);
+        partly.refunded_amount = 500;
+        let mut more = change(PartiallyRefunded);
+        more.refunded_amount = Some(700);
+        let decision = decide(Some(&partly), &event(Provider::Stripe), &more);
+        let Decision::Move {
+            next,
+            outcome,
+            from,
+        } = decision
+        else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(
+            (from, next.status, next.refunded_amount, outcome),
+            (
+                PartiallyRefunded,
+                PartiallyRefunded,
+                700,
+                Outcome::Processed
+            )
+        );
+        let mut less = change(PartiallyRefunded);
+        less.refunded_amount = Some(300);
+        assert_eq!(
+            decided(Some(&partly), &less),
+            (Outcome::Stale, PartiallyRefunded)
+        );
+        let mut same = change(PartiallyRefunded);
+        same.refunded_amount = Some(500);
+        assert_eq!(
+            decided(Some(&partly), &same),
+            (Outcome::Stale, PartiallyRefunded)
+        );
+        // A full refund reporting less than already refunded comes from an older event.
+        let mut older_full = change(Refunded);
+        older_full.refunded_amount = Some(400);
+        assert_eq!(
+            decided(Some(&partly), &older_full),
+            (Outcome::Stale, PartiallyRefunded)
+        );
+    }
+
+    #[test]
+    fn a_payment_that_does_not_match_an_api_order_needs_review_and_keeps_what_was_paid() {
+        let mut api_order = order(Pending);
+        api_order.from_api = true;
+        let mut paid_less = change(Paid);
+        paid_less.paid_amount = Some(1000);
+        let decision = decide(Some(&api_order), &event(Provider::Stripe), &paid_less);
+        let Decision::Move { next, outcome, .. } = decision else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(
+            (next.status, outcome),
+            (NeedsReview, Outcome::AmountMismatch)
+        );
+        assert_eq!(next.paid_amount, Some(1000));
+        let mut other_currency = change(Paid);
+        other_currency.paid_amount = Some(1500);
+        other_currency.currency = Some("eur".into());
+        assert_eq!(
+            decided(Some(&api_order), &other_currency),
+            (Outcome::AmountMismatch, NeedsReview)
+        );
+        let mut matching = change(Paid);
+        matching.paid_amount = Some(1500);
+        matching.currency = Some("USD".into());
+        assert_eq!(
+            decided(Some(&api_order), &matching),
+            (Outcome::Processed, Paid)
+        );
+        // A webhook order has nothing of the shop's own to match.
+        assert_eq!(
+            decided(Some(&order(Pending)), &paid_less),
+            (Outcome::Processed, Paid)
+        );
+    }
+
+    #[test]
+    fn a_reversal_of_a_paid_order_needs_review_and_carries_no_notice() {
+        let mut deny = change(Cancelled);
+        deny.reverses_payment = true;
+        let decision = decide(Some(&order(Paid)), &event(Provider::Midtrans), &deny);
+        let Decision::Move { next, outcome, .. } = &decision else {
+            panic!("{decision:?}")
+        };
+        assert_eq!((next.status, *outcome), (NeedsReview, Outcome::Reversed));
+        assert_eq!(next.status.notice(), None);
+        // Before the payment, a deny is a plain cancellation; after a refund, it is stale.
+        assert_eq!(
+            decided(Some(&order(Pending)), &deny),
+            (Outcome::Processed, Cancelled)
+        );
+        assert_eq!(
+            decided(Some(&order(Refunded)), &deny),
+            (Outcome::Stale, Refunded)
+        );
+        // A cancellation that is not a reversal does not move a paid order.
+        assert_eq!(
+            decided(Some(&order(Paid)), &change(Cancelled)),
+            (Outcome::Stale, Paid)
+        );
+    }
+
+    #[test]
+    fn details_the_order_lacks_are_filled_in_even_by_a_stale_event() {
+        let mut bare = order(Paid);
+        bare.amount = None;
+        bare.currency = None;
+        let mut late = change(Pending);
+        late.customer_email = Some(EmailAddress::parse("sari@toko.example").unwrap());
+        let decision = decide(Some(&bare), &event(Provider::Stripe), &late);
+        let Decision::Keep { next, outcome } = decision else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(outcome, Outcome::Stale);
+        assert_eq!(
+            (
+                next.amount,
+                next.currency.as_deref(),
+                next.customer_email.as_deref()
+            ),
+            (Some(1500), Some("usd"), Some("sari@toko.example"))
+        );
+    }
+}
