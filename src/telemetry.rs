@@ -7,71 +7,69 @@
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::EnvFilter;
+use tracing::{Event, Level, Subscriber};
+use tracing_log::NormalizeEvent;
+use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields, Writer};
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::FmtContext;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    // Whether INFO lines are wanted at all: a demoted line is shown only then.
+    let info_enabled = filter
+        .max_level_hint()
+        .is_none_or(|max| max >= tracing::level_filters::LevelFilter::INFO);
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colour only for a person at a terminal; log files and collectors get plain text.
         .with_ansi(std::io::stderr().is_terminal())
-        .finish();
-    if tracing::subscriber::set_global_default(subscriber).is_err() {
-        return; // already set up (tests that run several servers in one process)
-    }
-    // actix logs through the `log` crate; its records reach tracing through this bridge.
-    if log::set_boxed_logger(Box::new(StrangersAtTheirLevel(
-        tracing_log::LogTracer::new(),
-    )))
-    .is_ok()
-    {
-        log::set_max_level(log::LevelFilter::Trace);
-    }
+        .event_format(StrangersAtTheirLevel(format::Format::default()))
+        .with_filter(tracing_subscriber::filter::filter_fn(move |metadata| {
+            info_enabled || !is_a_strangers_malformed_request(metadata.level(), metadata.target())
+        }));
+    // Already set up: tests that run several servers in one process.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(layer)
+        .try_init();
 }
 
-/// Forwards `log` records to tracing, with one change: actix's HTTP/1 dispatcher logs a request
-/// it cannot parse (`stream error: request parse error: invalid Header provided`) at ERROR,
-/// though it is a stranger's malformed request that was answered 400. It is logged at INFO, the
-/// level of every other 4xx, so that an operator alerting on errors is not paged for it.
-struct StrangersAtTheirLevel(tracing_log::LogTracer);
+/// actix's HTTP/1 dispatcher logs a request it cannot parse (`stream error: request parse
+/// error: invalid Header provided`) at ERROR, though it is a stranger's malformed request that
+/// was answered 400. Such a line is written at INFO, the level of every other 4xx, so that an
+/// operator alerting on errors is not paged for a port scan.
+fn is_a_strangers_malformed_request(level: &Level, target: &str) -> bool {
+    *level == Level::ERROR && target.starts_with("actix_http::h1")
+}
 
-impl StrangersAtTheirLevel {
-    fn demoted(level: log::Level, target: &str) -> log::Level {
-        if level == log::Level::Error && target.starts_with("actix_http::h1") {
-            log::Level::Info
-        } else {
-            level
+/// The default format, but for [`is_a_strangers_malformed_request`] lines, which it writes the
+/// same way at INFO.
+struct StrangersAtTheirLevel<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for StrangersAtTheirLevel<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let normalized = event.normalized_metadata();
+        let metadata = normalized.as_ref().unwrap_or_else(|| event.metadata());
+        if !is_a_strangers_malformed_request(metadata.level(), metadata.target()) {
+            return self.0.format_event(ctx, writer, event);
         }
-    }
-}
-
-impl log::Log for StrangersAtTheirLevel {
-    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        let level = Self::demoted(metadata.level(), metadata.target());
-        self.0.enabled(
-            &log::Metadata::builder()
-                .level(level)
-                .target(metadata.target())
-                .build(),
-        )
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        let level = Self::demoted(record.level(), record.target());
-        self.0.log(
-            &log::Record::builder()
-                .args(*record.args())
-                .level(level)
-                .target(record.target())
-                .module_path(record.module_path())
-                .file(record.file())
-                .line(record.line())
-                .build(),
-        );
-    }
-
-    fn flush(&self) {
-        self.0.flush()
+        SystemTime.format_time(&mut writer)?;
+        write!(writer, "  INFO {}: ", metadata.target())?;
+        ctx.format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
     }
 }

@@ -196,6 +196,11 @@ fn serve_on_a_port_already_in_use_fails_before_creating_the_database() {
         stderr.contains(&format!("cannot listen on {address}")),
         "{stderr}"
     );
+    // What to do about it, not only what happened.
+    assert!(
+        stderr.contains("choose another address with --listen or SEKALI_LISTEN"),
+        "{stderr}"
+    );
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "no database file is left behind: {left:?}");
 }
@@ -319,6 +324,149 @@ fn serve_refuses_to_start_without_any_provider_secret() {
         stderr.contains("refusing to start: no provider is configured"),
         "{stderr}"
     );
+}
+
+/// Sends `signal` to the server while a delivery's body is still arriving, then finishes the
+/// body: a graceful stop answers it.
+fn a_delivery_in_flight_at(signal: &str) {
+    use std::io::{Read, Write};
+    let server = ServeProcess::start_with(
+        &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
+        "info",
+        &["--no-relay"],
+    );
+    let body = fixture("stripe/payment_intent.succeeded.json");
+    let header = stripe_header(&body, sekali::clock::SystemClock.now_unix());
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    write!(
+        stream,
+        "POST /webhooks/stripe HTTP/1.1\r\nHost: sekali\r\nContent-Type: application/json\r\n\
+         Stripe-Signature: {header}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    let (first, rest) = body.split_at(body.len() / 2);
+    stream.write_all(first).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let kill = Command::new("kill")
+        .args([&format!("-{signal}"), &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stream.write_all(rest).unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "{signal}: the delivery in flight is answered: {answer:?}"
+    );
+    assert!(answer.contains(r#""status":"processed""#), "{answer}");
+    let (status, logs) = server.wait();
+    assert!(status.success(), "{status:?}: {logs}");
+    assert!(
+        logs.contains(&format!(
+            "{signal} received: finishing the requests in flight"
+        )),
+        "{logs}"
+    );
+    assert!(!logs.contains("forced shutdown"), "{logs}");
+}
+
+/// Fails on the version that left SIGINT to actix, which stops at once: ctrl-c dropped the
+/// answer of a delivery whose event it had committed.
+#[test]
+fn ctrl_c_stops_gracefully_and_answers_the_delivery_in_flight() {
+    a_delivery_in_flight_at("INT");
+}
+
+#[test]
+fn sigterm_stops_gracefully_and_answers_the_delivery_in_flight() {
+    a_delivery_in_flight_at("TERM");
+}
+
+/// Fails on the version that started without a word when the "secret" was the API key, after
+/// which every delivery was a 401.
+#[test]
+fn serve_warns_when_the_stripe_secret_is_not_a_webhook_signing_secret() {
+    let api_key = "sk_test_51QA0099notAsigningSecret";
+    let server = ServeProcess::start_with(
+        &[(
+            "STRIPE_WEBHOOK_SECRET",
+            &format!("{STRIPE_SECRET},{api_key}"),
+        )],
+        "info",
+        &["--no-relay"],
+    );
+    let (_, logs) = server.stop();
+    let warning = logs
+        .lines()
+        .find(|l| l.contains("does not start with whsec_"))
+        .unwrap_or_else(|| panic!("{logs}"));
+    assert!(
+        warning.contains("entry 2") && warning.contains("looks like an API key"),
+        "{warning}"
+    );
+    assert_eq!(
+        logs.matches("does not start with whsec_").count(),
+        1,
+        "{logs}"
+    );
+    assert!(!logs.contains(api_key), "the key is never logged");
+}
+
+/// Fails on the version whose help named only the flags: the secrets and the mail transport,
+/// which have none, were nowhere in it.
+#[test]
+fn serve_help_lists_the_settings_that_come_only_from_the_environment() {
+    let output = Command::new(sekali_bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&output.stdout);
+    for name in [
+        "STRIPE_WEBHOOK_SECRET",
+        "MIDTRANS_SERVER_KEY",
+        "SEKALI_API_TOKENS",
+        "SEKALI_SMTP_URL",
+        "SEKALI_MAIL_API_URL",
+        "SEKALI_MAIL_API_KEY",
+        "SEKALI_MAIL_FROM",
+        "RUST_LOG",
+        "SEKALI_MIDTRANS_STATUS_CHECK",
+        "MIDTRANS_API_URL",
+    ] {
+        assert!(help.contains(name), "{name} missing from: {help}");
+    }
+}
+
+/// Fails on the version whose listening line said `stripe=true`: which URL to register, and
+/// whether the orders API is on, had to be guessed.
+#[test]
+fn the_listening_line_names_the_urls_to_register_and_whether_the_orders_api_is_on() {
+    let server = ServeProcess::start_with(
+        &[
+            ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+            ("MIDTRANS_SERVER_KEY", MIDTRANS_KEY),
+            ("SEKALI_API_TOKENS", "shop:tok-listening-line"),
+        ],
+        "info",
+        &["--no-relay"],
+    );
+    let (_, logs) = server.stop();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("sekali is listening"))
+        .unwrap();
+    assert!(
+        line.contains("register https://<your host>/webhooks/stripe and https://<your host>/webhooks/midtrans"),
+        "{line}"
+    );
+    assert!(line.contains("orders_api=true"), "{line}");
+    assert!(line.contains("midtrans_status_check=false"), "{line}");
 }
 
 #[test]
@@ -809,4 +957,45 @@ async fn bench_refuses_a_rate_that_is_not_positive() {
         );
         assert!(output.stdout.is_empty(), "nothing sent: {output:?}");
     }
+}
+
+/// Fails on the version that printed ids as stored: an event id with ESC and CR recoloured the
+/// terminal and drew a row that was not in the database.
+#[actix_web::test]
+async fn listings_print_control_characters_in_ids_escaped() {
+    let app = spawn_app().await;
+    let mut event: serde_json::Value =
+        serde_json::from_slice(&fixture("stripe/payment_intent.succeeded.json")).unwrap();
+    event["id"] = "evt_\u{1b}[31mred\rFORGED".into();
+    event["data"]["object"]["metadata"]["order_id"] = "ord_\u{7}bell".into();
+    assert_eq!(
+        app.deliver_stripe_body(&serde_json::to_vec(&event).unwrap())
+            .await
+            .outcome(),
+        "processed"
+    );
+    let db = app.db_path.clone();
+    let (events, outbox) = actix_web::rt::task::spawn_blocking(move || {
+        let run = |args: &[&str]| {
+            let output = Command::new(sekali_bin())
+                .args(args)
+                .arg("--db")
+                .arg(&db)
+                .output()
+                .unwrap();
+            assert!(output.status.success(), "{output:?}");
+            String::from_utf8(output.stdout).unwrap()
+        };
+        (run(&["events", "list"]), run(&["outbox", "list"]))
+    })
+    .await
+    .unwrap();
+    for output in [&events, &outbox] {
+        assert!(
+            !output.contains(['\u{1b}', '\r', '\u{7}']),
+            "a control character reached the terminal: {output:?}"
+        );
+    }
+    assert!(events.contains("evt_\\u{1b}[31mred\\rFORGED"), "{events}");
+    assert!(outbox.contains("ord_\\u{7}bell"), "{outbox}");
 }

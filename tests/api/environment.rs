@@ -476,3 +476,70 @@ fn at_the_default_level_a_rejection_names_its_provider_and_a_success_logs_nothin
         "the delivery that succeeded is not logged at info: {logs}"
     );
 }
+
+/// Fails on the version that said only `unable to open database file: ro/x.db`: the path as
+/// given, and nothing about why.
+#[test]
+fn a_database_that_cannot_be_created_is_named_by_its_absolute_path_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |db: &str| {
+        let output = Command::new(sekali_bin())
+            .args(["serve", "--no-relay", "--listen", "127.0.0.1:0", "--db", db])
+            .current_dir(dir.path())
+            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let absolute = dir.path().canonicalize().unwrap();
+    let missing = serve("no-such-dir/sekali.db");
+    assert!(
+        missing.contains(&format!(
+            "cannot open the database file {}/no-such-dir/sekali.db: the directory {}/no-such-dir does not exist",
+            absolute.display(),
+            absolute.display()
+        )),
+        "{missing}"
+    );
+    let locked = dir.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    let _unwritable = Unwritable::set(&locked);
+    let refused = serve("locked/sekali.db");
+    assert!(
+        refused.contains(&format!(
+            "the directory {}/locked is not writable by this user",
+            absolute.display()
+        )),
+        "{refused}"
+    );
+}
+
+/// Fails on the version where actix logged a stranger's unparsable request at ERROR: an operator
+/// alerting on errors was paged for every port scan.
+#[test]
+fn a_malformed_request_is_logged_at_the_level_of_a_4xx_not_as_an_error() {
+    use std::io::{Read, Write};
+    let server = ServeProcess::start_with(
+        &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
+        "info",
+        &["--no-relay"],
+    );
+    for request in [
+        &b"GARBAGE\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+        b"GET /\x1b[31m HTTP/1.1\r\n\r\n",
+    ] {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        stream.write_all(request).unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    }
+    let (_, logs) = server.stop();
+    assert!(logs.contains("request parse error"), "{logs}");
+    assert!(
+        !logs.lines().any(|l| l.contains(" ERROR ")),
+        "nothing at ERROR: {logs}"
+    );
+}

@@ -362,12 +362,22 @@ impl ServeProcess {
     }
 
     /// Sends SIGTERM and waits; the exit status and everything the server logged.
-    pub fn stop(mut self) -> (std::process::ExitStatus, String) {
+    pub fn stop(self) -> (std::process::ExitStatus, String) {
         let kill = std::process::Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .unwrap();
         assert!(kill.success());
+        self.wait()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the server to exit (after a signal the test sent); the exit status and
+    /// everything it logged.
+    pub fn wait(mut self) -> (std::process::ExitStatus, String) {
         let status = self.child.wait().unwrap();
         (status, self.logs.take().unwrap().join().unwrap())
     }

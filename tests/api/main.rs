@@ -16,3 +16,4 @@ mod purge;
 mod relay;
 mod schema;
 mod stripe;
+mod stripe_shapes;

@@ -152,3 +152,72 @@ async fn a_midtrans_retry_of_the_same_notification_is_a_duplicate() {
 fn midtrans_with_key(body: &[u8], key: &str) -> Vec<u8> {
     sekali::providers::midtrans::with_signature_key(body, key).unwrap()
 }
+
+/// Fails on the version that treated a deny after a settlement as stale: Midtrans reverses some
+/// payments within a minute of settling them (Mandiri bill, Permata, Indomaret), and the order
+/// stayed `paid`.
+#[actix_web::test]
+async fn a_deny_after_a_settlement_is_a_reversal_that_needs_review_and_emails_no_one() {
+    let app = spawn_app().await;
+    let settled = app.deliver_midtrans("echannel.settlement").await;
+    assert_eq!((settled.status, settled.outcome()), (200, "processed"));
+    assert_eq!(app.order_status("ORDER-2007").as_deref(), Some("paid"));
+    let reversed = app.deliver_midtrans("echannel.deny").await;
+    assert_eq!((reversed.status, reversed.outcome()), (200, "reversed"));
+    assert_eq!(
+        app.order_status("ORDER-2007").as_deref(),
+        Some("needs_review")
+    );
+    // The receipt of the settlement, and nothing for the reversal.
+    assert_eq!(app.outbox_templates("ORDER-2007"), ["receipt"]);
+    let trail = app.texts(
+        "SELECT coalesce(from_status, '-') || '>' || to_status FROM order_transitions
+         WHERE order_id = 'ORDER-2007' ORDER BY id",
+    );
+    assert_eq!(trail, ["->paid", "paid>needs_review"]);
+    // Its retry is a duplicate, and a later settlement cannot undo the review.
+    assert_eq!(
+        app.deliver_midtrans("echannel.deny").await.outcome(),
+        "duplicate"
+    );
+}
+
+/// Fails on the version that believed any `transaction_status` next to a valid signature: the
+/// signature covers `status_code`, and a settlement sent with the code of a pending (201) or a
+/// deny (202) notification borrowed that notification's signature.
+#[actix_web::test]
+async fn a_status_sent_with_another_status_classs_code_is_refused_as_unproven() {
+    let app = spawn_app().await;
+    for (status_code, claimed) in [
+        ("201", "settlement"),
+        ("202", "settlement"),
+        ("200", "pending"),
+        ("201", "refund"),
+        ("200", "expire"),
+    ] {
+        let body = String::from_utf8(fixture("midtrans/settlement.json"))
+            .unwrap()
+            .replace(
+                "\"status_code\": \"200\"",
+                &format!("\"status_code\": \"{status_code}\""),
+            )
+            .replace(
+                "\"transaction_status\": \"settlement\"",
+                &format!("\"transaction_status\": \"{claimed}\""),
+            );
+        let answer = app
+            .post("/webhooks/midtrans", sign_midtrans(body.as_bytes()), &[])
+            .await;
+        assert_eq!(
+            answer.status, 401,
+            "{claimed} with {status_code}: {:?}",
+            answer.body
+        );
+        assert!(
+            answer.error().contains("signature covers status_code"),
+            "{}",
+            answer.error()
+        );
+    }
+    assert_eq!(app.row_counts(), (0, 0, 0));
+}

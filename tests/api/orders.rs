@@ -569,3 +569,81 @@ async fn api_requests_batched_with_webhook_deliveries_are_all_answered_and_commi
     );
     assert_eq!(app.count("SELECT count(*) FROM processed_events"), 10);
 }
+
+/// Fails on the version that took `a@x.example,b@y.example` (and a CR/LF after the address) as
+/// one customer_email, which every transport then received as it was.
+#[actix_web::test]
+async fn a_customer_email_that_is_not_exactly_one_address_is_refused() {
+    let app = spawn_api().await;
+    for bad in [
+        "sari@example.com,attacker@evil.example",
+        "sari@example.com\\r\\nBcc: attacker@evil.example",
+        "Sari <sari@example.com>",
+        "sari@example.com attacker@evil.example",
+    ] {
+        let reply = create(
+            &app,
+            SHOP,
+            "k-email",
+            &ORDER.replace("sari@example.com", bad),
+        )
+        .await;
+        assert_eq!(reply.status, 400, "{bad}: {}", reply.body);
+        let detail = reply.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("one email address"), "{detail}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM orders"), 0);
+}
+
+/// Fails on the version that stored any metadata: a `"locale": 5` was accepted, and once the
+/// order was paid it failed the relay's claim of every email on every poll.
+#[actix_web::test]
+async fn a_metadata_locale_that_is_not_a_language_tag_is_refused() {
+    let app = spawn_api().await;
+    for bad in [
+        "5",
+        "[\"id\"]",
+        "\"i\"",
+        "\"id\\r\\n\"",
+        &format!("\"{}\"", "x".repeat(36)),
+    ] {
+        let body = ORDER.replace("\"locale\": \"id\"", &format!("\"locale\": {bad}"));
+        let reply = create(&app, SHOP, "k-locale", &body).await;
+        assert_eq!(reply.status, 400, "{bad}: {}", reply.body);
+        assert!(reply.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("metadata.locale"));
+    }
+    let good = ORDER.replace("\"locale\": \"id\"", "\"locale\": \"en-US\"");
+    assert_eq!(create(&app, SHOP, "k-locale", &good).await.status, 201);
+}
+
+/// Fails on the version whose orders API kept actix's own 256 KiB limit: a 300 KiB order was a
+/// `413 text/plain payload reached size limit`, and the limit was written nowhere.
+#[actix_web::test]
+async fn the_orders_api_takes_bodies_up_to_max_body_bytes_and_refuses_larger_ones_as_problems() {
+    let app = spawn_api().await;
+    let notes = "n".repeat(300 * 1024);
+    let big = ORDER.replace("\"cart\": [1, 2]", &format!("\"notes\": \"{notes}\""));
+    let reply = create(&app, SHOP, "k-big", &big).await;
+    assert_eq!(reply.status, 201, "300 KiB is under the 1 MiB default");
+
+    let too_big = ORDER.replace(
+        "\"cart\": [1, 2]",
+        &format!("\"notes\": \"{}\"", "n".repeat(1024 * 1024)),
+    );
+    let reply = create(&app, SHOP, "k-too-big", &too_big).await;
+    assert_eq!(reply.status, 413);
+    assert_eq!(reply.content_type, "application/problem+json");
+    assert_eq!(reply.problem_type(), "urn:sekali:problem:too-large");
+    let detail = reply.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("1048576 bytes") && detail.contains("--max-body-bytes"),
+        "{detail}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys WHERE key = 'k-too-big'"),
+        0
+    );
+}

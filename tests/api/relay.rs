@@ -24,7 +24,10 @@ const API_KEY: &str = "re_test_key_123";
 struct Seen {
     key: String,
     to: String,
+    /// Every recipient the request named.
+    recipients: usize,
     subject: String,
+    text: String,
     message_id: String,
     authorization: String,
 }
@@ -66,7 +69,9 @@ async fn spawn_mock(script: Script) -> Mock {
                         let request = Seen {
                             key: header("idempotency-key"),
                             to: body["to"][0].as_str().unwrap_or("").to_owned(),
+                            recipients: body["to"].as_array().map_or(0, Vec::len),
                             subject: body["subject"].as_str().unwrap_or("").to_owned(),
+                            text: body["text"].as_str().unwrap_or("").to_owned(),
                             message_id: body["headers"]["Message-ID"]
                                 .as_str()
                                 .unwrap_or("")
@@ -536,6 +541,241 @@ async fn emails_are_indonesian_for_rupiah_and_english_otherwise() {
     assert!(
         subjects.contains(&"Payment received for order ord_1001".to_owned()),
         "{subjects:?}"
+    );
+}
+
+/// A Stripe `payment_intent.succeeded` for `order_id` paying `amount` in `currency`.
+fn succeeded_in(order_id: &str, amount: i64, currency: &str) -> Vec<u8> {
+    let mut event: serde_json::Value =
+        serde_json::from_slice(&fixture("stripe/payment_intent.succeeded.json")).unwrap();
+    event["id"] = format!("evt_money_{order_id}").into();
+    let object = &mut event["data"]["object"];
+    object["id"] = format!("pi_money_{order_id}").into();
+    object["metadata"]["order_id"] = order_id.into();
+    object["amount"] = amount.into();
+    object["amount_received"] = amount.into();
+    object["currency"] = currency.into();
+    serde_json::to_vec_pretty(&event).unwrap()
+}
+
+/// Fails on the version that wrote every amount with two decimals: ¥5,000 read `JPY 50.00`.
+#[actix_web::test]
+async fn emails_show_each_amount_with_its_currencys_own_decimals() {
+    let app = spawn_app().await;
+    let mock = spawn_mock(always(200)).await;
+    for (order, amount, currency) in [
+        ("ord_jpy", 5000, "jpy"),
+        ("ord_usd", 2500, "usd"),
+        ("ord_bhd", 1500, "bhd"),
+    ] {
+        let answer = app
+            .deliver_stripe_body(&succeeded_in(order, amount, currency))
+            .await;
+        assert_eq!(answer.outcome(), "processed");
+    }
+    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    wait_for("three receipts", || mock.seen().len() == 3).await;
+    let text_of = |order: &str| {
+        mock.seen()
+            .into_iter()
+            .find(|s| s.subject.ends_with(order))
+            .unwrap()
+            .text
+    };
+    assert!(
+        text_of("ord_jpy").contains("payment of ¥5,000 for"),
+        "{}",
+        text_of("ord_jpy")
+    );
+    assert!(
+        text_of("ord_usd").contains("payment of $25.00 for"),
+        "{}",
+        text_of("ord_usd")
+    );
+    assert!(
+        text_of("ord_bhd").contains("payment of BHD\u{a0}1.500 for"),
+        "{}",
+        text_of("ord_bhd")
+    );
+}
+
+/// Fails on the version whose receipt showed the order's expected amount: the customer paid
+/// Rp 100.000 of an order of Rp 150.000, an operator settled it as paid, and the receipt said
+/// Rp 150.000.
+#[actix_web::test]
+async fn a_receipt_after_an_operator_settles_a_mismatch_shows_what_the_customer_paid() {
+    let app = spawn_app_with(|s| {
+        s.secrets.api_tokens = sekali::config::parse_api_tokens("shop:tok-shop-1").unwrap()
+    })
+    .await;
+    let created = app
+        .client
+        .post(format!("{}/orders", app.address))
+        .insert_header(("Authorization", "Bearer tok-shop-1"))
+        .insert_header(("Idempotency-Key", "k-paid-less"))
+        .insert_header(("Content-Type", "application/json"))
+        .send_body(
+            r#"{"order_id":"ORDER-2001","amount":15000000,"currency":"IDR","provider":"midtrans","customer_email":"sari@example.com"}"#,
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+    let settlement = String::from_utf8(fixture("midtrans/settlement.json"))
+        .unwrap()
+        .replace("150000.00", "100000.00");
+    let answer = app
+        .post(
+            "/webhooks/midtrans",
+            sign_midtrans(settlement.as_bytes()),
+            &[],
+        )
+        .await;
+    assert_eq!(answer.outcome(), "amount_mismatch");
+    let output = Command::new(sekali_bin())
+        .args(["orders", "set-status", "ORDER-2001", "paid", "--db"])
+        .arg(&app.db_path)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let mock = spawn_mock(always(200)).await;
+    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    wait_for("the receipt", || mock.seen().len() == 1).await;
+    let text = &mock.seen()[0].text;
+    assert!(text.contains("sebesar Rp\u{a0}100.000 telah"), "{text}");
+}
+
+/// Fails on the version that sent the stored address as it was, and subjects with the order
+/// id's line breaks: an address list reached the email API as one recipient string, and a
+/// CR/LF in a subject is a header of its own to some APIs.
+#[actix_web::test]
+async fn the_email_api_gets_one_address_and_a_subject_without_line_breaks() {
+    let app = spawn_app().await;
+    let mock = spawn_mock(always(200)).await;
+    let mut event: serde_json::Value =
+        serde_json::from_slice(&fixture("stripe/payment_intent.succeeded.json")).unwrap();
+    event["data"]["object"]["metadata"]["order_id"] = "ord_1\r\nBcc: attacker@evil.example".into();
+    event["data"]["object"]["receipt_email"] = "ana@example.com".into();
+    app.deliver_stripe_body(&serde_json::to_vec(&event).unwrap())
+        .await;
+    // An address that is not exactly one address is no address at all: no email goes out.
+    event["id"] = "evt_two_addresses".into();
+    event["data"]["object"]["id"] = "pi_two_addresses".into();
+    event["data"]["object"]["metadata"]["order_id"] = "ord_two".into();
+    event["data"]["object"]["receipt_email"] = "ana@example.com,attacker@evil.example".into();
+    app.deliver_stripe_body(&serde_json::to_vec(&event).unwrap())
+        .await;
+    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    wait_for("the first receipt and the skipped row", || {
+        mock.seen().len() == 1
+            && app.count("SELECT count(*) FROM email_outbox WHERE status = 'skipped'") == 1
+    })
+    .await;
+    let seen = &mock.seen()[0];
+    assert_eq!((seen.to.as_str(), seen.recipients), ("ana@example.com", 1));
+    assert_eq!(
+        seen.subject,
+        "Payment received for order ord_1Bcc: attacker@evil.example"
+    );
+    assert!(!seen.subject.contains(['\r', '\n']));
+}
+
+/// Fails on the version that logged an email API's error text as it came (`%`): a line break in
+/// it forged a log line, and the recipient's address it named reached the log.
+#[actix_web::test]
+async fn an_email_apis_error_text_is_logged_escaped_and_without_addresses() {
+    let app = spawn_app().await;
+    let server = HttpServer::new(|| {
+        App::new().route(
+            "/emails",
+            web::post().to(|| async {
+                HttpResponse::UnprocessableEntity().body(
+                    "recipient ana@example.com refused\n2026-12-01T00:00:00Z  INFO forged line",
+                )
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let url = format!("http://127.0.0.1:{}/emails", server.addrs()[0].port());
+    let server = server.run();
+    let handle = server.handle();
+    actix_web::rt::spawn(server);
+    app.deliver_stripe("payment_intent.succeeded").await;
+    let db = app.db_path.clone();
+    let logs = actix_web::rt::task::spawn_blocking(move || {
+        let relay = Command::new(sekali_bin())
+            .args(["relay", "--relay-poll-interval", "20ms", "--db"])
+            .arg(&db)
+            .env("SEKALI_MAIL_API_URL", &url)
+            .env("SEKALI_MAIL_API_KEY", API_KEY)
+            .env("SEKALI_MAIL_FROM", FROM)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        for _ in 0..500 {
+            let status: String = conn
+                .query_row("SELECT status FROM email_outbox WHERE id = 1", [], |r| {
+                    r.get(0)
+                })
+                .unwrap();
+            if status == "dead" {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &relay.id().to_string()])
+            .status();
+        let output = relay.wait_with_output().unwrap();
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    })
+    .await
+    .unwrap();
+    handle.stop(false).await;
+    let failure = logs
+        .lines()
+        .find(|l| l.contains("failed permanently"))
+        .unwrap_or_else(|| panic!("{logs}"));
+    assert!(failure.contains("<address> refused\\n2026"), "{failure}");
+    assert!(!logs.contains("ana@example.com"), "{logs}");
+    assert!(
+        !logs.lines().any(|l| l.starts_with("2026-12-01T00:00:00Z")),
+        "a forged line: {logs}"
+    );
+}
+
+/// Fails on the version that read `metadata.locale` as text inside the claim: one order whose
+/// locale was a number (an older sekali accepted it) failed every claim, and every email after it
+/// stayed pending while the log repeated the error.
+#[actix_web::test]
+async fn an_order_with_a_locale_that_is_not_text_does_not_stop_anyones_email() {
+    let app = spawn_app().await;
+    let mock = spawn_mock(always(200)).await;
+    // Written as an older version stored it, before POST /orders checked the locale.
+    rusqlite::Connection::open(&app.db_path)
+        .unwrap()
+        .execute_batch(
+            "INSERT INTO orders (order_id, provider, status, amount, currency, created_at,
+                                 updated_at, last_event_id, source, metadata)
+             VALUES ('ord_relay_00000', 'stripe', 'pending', 2500, 'usd', '2026-11-01T10:00:00Z',
+                     '2026-11-01T10:00:00Z', 'api:shop', 'api', '{\"locale\": 5}')",
+        )
+        .unwrap();
+    for n in 0..3 {
+        let answer = app
+            .deliver_stripe_body(&succeeded_for(n, &format!("c{n}@example.com")))
+            .await;
+        assert_eq!(answer.outcome(), "processed", "{:?}", answer.body);
+    }
+    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    wait_for("every receipt", || mock.seen().len() == 3).await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM email_outbox WHERE status = 'sent'"),
+        3
     );
 }
 
