@@ -50,10 +50,17 @@ impl StatusApi {
     /// puts its own code inside the body (`"status_code": "404"`) and not always in the HTTP
     /// status; a server error or no answer at all is [`StatusApiError`].
     pub async fn fetch(&self, order_id: &str) -> Result<Vec<u8>, StatusApiError> {
+        // Everything but RFC 3986's unreserved characters is encoded, so the order id is one
+        // path segment whatever it holds (`#`, `/`, `?`), and a plain id is sent as it is.
+        const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+            .remove(b'-')
+            .remove(b'_')
+            .remove(b'.')
+            .remove(b'~');
         let url = format!(
             "{}/v2/{}/status",
             self.base_url.trim_end_matches('/'),
-            percent_encoding::utf8_percent_encode(order_id, percent_encoding::NON_ALPHANUMERIC)
+            percent_encoding::utf8_percent_encode(order_id, SEGMENT)
         );
         let unreachable = |reason: String| StatusApiError::Unreachable {
             base_url: self.base_url.clone(),
@@ -87,9 +94,12 @@ fn client(timeout: Duration) -> awc::Client {
     }
     CLIENT.with(|cell| {
         cell.get_or_init(|| {
+            // No redirects: the API answers where it is asked, and the server key it is asked
+            // with goes nowhere else (a redirect's answer is no status, and is answered 503).
             awc::Client::builder()
                 .connector(awc::Connector::new().timeout(timeout))
                 .timeout(timeout)
+                .max_redirects(0)
                 .finish()
         })
         .clone()

@@ -51,7 +51,7 @@ pub fn record_event_and_apply(
         _ => None,
     };
     if let Some(legacy) = &event.legacy_event_id {
-        if is_claimed(db, event.provider, legacy, &now)? {
+        if is_claimed_for_order(db, event.provider, legacy, known_order_id, &now)? {
             return Ok(Outcome::Duplicate);
         }
     }
@@ -104,18 +104,24 @@ pub fn record_event_and_apply(
     Ok(outcome)
 }
 
-/// True when `event_id` holds a claim that has not expired.
-fn is_claimed(
+/// True when `event_id` holds a claim that has not expired, made for `order_id` (or for no
+/// order). An id in the earlier, unescaped form is ambiguous: the same text can stand for two
+/// orders' notifications, and only the one of the same order is this delivery.
+fn is_claimed_for_order(
     db: &mut Statements<'_>,
     provider: Provider,
     event_id: &str,
+    order_id: Option<&str>,
     now: &str,
 ) -> rusqlite::Result<bool> {
     db.prepare(
         "SELECT EXISTS (SELECT 1 FROM processed_events
-                        WHERE provider = ?1 AND event_id = ?2 AND expires_at > ?3)",
+                        WHERE provider = ?1 AND event_id = ?2 AND expires_at > ?3
+                          AND (order_id IS NULL OR order_id IS ?4))",
     )?
-    .query_row(params![provider.as_str(), event_id, now], |row| row.get(0))
+    .query_row(params![provider.as_str(), event_id, now, order_id], |row| {
+        row.get(0)
+    })
 }
 
 /// Finds the event's order and applies its change; returns the outcome and the order id.

@@ -295,6 +295,19 @@ impl ServeProcess {
         rust_log: &str,
         args: &[&str],
     ) -> Self {
+        Self::start_unsetting(db, env, &[], rust_log, args)
+    }
+
+    /// [`ServeProcess::start_on`] with the variables named in `unset` removed from the
+    /// environment after `env` is applied (so `SEKALI_MIDTRANS_STATUS_CHECK` can be left to the
+    /// binary's own default).
+    pub fn start_unsetting(
+        db: Option<&std::path::Path>,
+        env: &[(&str, &str)],
+        unset: &[&str],
+        rust_log: &str,
+        args: &[&str],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db = db.map_or_else(|| dir.path().join(SERVE_DB), ToOwned::to_owned);
         let port = free_port();
@@ -321,6 +334,9 @@ impl ServeProcess {
             .stderr(std::process::Stdio::piped());
         for (name, value) in env {
             command.env(name, value);
+        }
+        for name in unset {
+            command.env_remove(name);
         }
         let mut child = command.spawn().unwrap();
         let mut stderr = child.stderr.take().unwrap();

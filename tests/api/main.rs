@@ -10,6 +10,7 @@ mod hostile;
 mod known_answers;
 mod limits;
 mod midtrans;
+mod midtrans_status;
 mod ordering;
 mod orders;
 mod purge;
