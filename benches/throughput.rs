@@ -1,10 +1,13 @@
-//! `cargo bench --bench throughput`: durable throughput of the real server, group commit vs one
-//! transaction per delivery, in one run on this machine (the load generator shares the cores).
+//! `cargo bench --bench throughput`: durable throughput of the real server as shops run it
+//! (`sekali serve`: the outbox relay on, writing `.eml` files), against `--no-relay`, and group
+//! commit against one transaction per delivery, in one run on this machine (the load generator
+//! shares the cores).
 //!
-//! Each configuration gets a fresh database and a fresh `sekali serve` child process; the load
-//! is `sekali bench`'s generator (signed at send time, 20 % racing redeliveries). Peak RSS is
-//! the server's VmHWM. Sizes: SEKALI_BENCH_EVENTS (default 20000), SEKALI_BENCH_CONCURRENCY
-//! (default 64).
+//! Each configuration gets a fresh database and mail directory and a fresh `sekali serve` child
+//! process; the load is `sekali bench`'s generator (signed at send time, 20 % racing
+//! redeliveries), and afterwards the relay's backlog is timed until every email is `sent`. Peak
+//! RSS is the server's VmHWM. Sizes: SEKALI_BENCH_EVENTS (default 200000: long enough that the
+//! relay is really working), SEKALI_BENCH_CONCURRENCY (default 64).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -29,14 +32,10 @@ impl Server {
             .unwrap()
             .port();
         let child = Command::new(env!("CARGO_BIN_EXE_sekali"))
-            .args([
-                "serve",
-                "--no-relay",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--db",
-            ])
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
             .arg(db)
+            .arg("--mail-dir")
+            .arg(db.with_file_name("mail"))
             .args(extra)
             .env("STRIPE_WEBHOOK_SECRET", SECRET)
             // The default log level (info), as a deployment would run it.
@@ -72,9 +71,40 @@ impl Server {
     }
 }
 
+/// Every run's files, deleted when the benchmark ends.
+static RUNS: std::sync::LazyLock<tempfile::TempDir> =
+    std::sync::LazyLock::new(|| tempfile::tempdir().unwrap());
+
+/// What the relay did with the emails of a run.
+struct Relay {
+    /// Emails not sent yet when the load ended.
+    backlog: i64,
+    /// From the end of the load until every email was sent.
+    drained_in: Duration,
+}
+
+fn count(db: &Path, sql: &str) -> i64 {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row(sql, [], |r| r.get(0))
+        .unwrap()
+}
+
 fn measure(label: &str, extra: &[&str], events: usize, concurrency: usize) -> (BenchReport, u64) {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("bench.db");
+    let (report, rss, _) = measure_with_relay(label, extra, events, concurrency);
+    (report, rss)
+}
+
+fn measure_with_relay(
+    label: &str,
+    extra: &[&str],
+    events: usize,
+    concurrency: usize,
+) -> (BenchReport, u64, Option<Relay>) {
+    // Kept until the end of the run (see `RUNS`): on a file system mounted with `discard`,
+    // deleting the last run's 200,000 files while the next one runs slows it.
+    let dir = tempfile::tempdir_in(RUNS.path()).unwrap().keep();
+    let db = dir.join("bench.db");
     let server = Server::start(&db, extra);
     let config = BenchConfig {
         url: format!("http://127.0.0.1:{}/webhooks/stripe", server.port),
@@ -90,6 +120,22 @@ fn measure(label: &str, extra: &[&str], events: usize, concurrency: usize) -> (B
         check_db: Some(db.clone()),
     };
     let report = run_bench(&config, &Secrets::from_values(Some(SECRET), None)).expect("bench runs");
+    let load_ended = Instant::now();
+    let relay = (!extra.contains(&"--no-relay")).then(|| {
+        let pending = "SELECT count(*) FROM email_outbox WHERE status = 'pending'";
+        let backlog = count(&db, pending);
+        while count(&db, pending) > 0 {
+            assert!(
+                load_ended.elapsed() < Duration::from_secs(300),
+                "{label}: the relay did not drain its backlog"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Relay {
+            backlog,
+            drained_in: load_ended.elapsed(),
+        }
+    });
     let rss = server.peak_rss_kib();
     server.stop();
     // A figure is only worth printing when the server accepted every delivery.
@@ -98,7 +144,7 @@ fn measure(label: &str, extra: &[&str], events: usize, concurrency: usize) -> (B
     }
     let ms = |v: Option<f64>| v.expect("every delivery was answered 2xx");
     println!(
-        "{label:<34} {:>9.0}/s  p50 {:>6.2} ms  p99 {:>7.2} ms  max {:>7.2} ms  peak RSS {:>5.1} MiB  check {}",
+        "{label:<44} {:>9.0}/s  p50 {:>6.2} ms  p99 {:>7.2} ms  max {:>7.2} ms  peak RSS {:>5.1} MiB  check {}",
         report.deliveries_per_sec,
         ms(report.p50_ms),
         ms(report.p99_ms),
@@ -106,7 +152,21 @@ fn measure(label: &str, extra: &[&str], events: usize, concurrency: usize) -> (B
         rss as f64 / 1024.0,
         report.check_db.as_deref().unwrap_or("-"),
     );
-    (report, rss)
+    if let Some(relay) = &relay {
+        let sent = count(
+            &db,
+            "SELECT count(*) FROM email_outbox WHERE status = 'sent'",
+        );
+        println!(
+            "{:<44} {} emails sent, {} of them after the load: backlog drained in {:.1} s ({:.0}/s)",
+            "  relay",
+            sent,
+            relay.backlog,
+            relay.drained_in.as_secs_f64(),
+            relay.backlog as f64 / relay.drained_in.as_secs_f64().max(1e-9),
+        );
+    }
+    (report, rss, relay)
 }
 
 fn main() {
@@ -117,7 +177,7 @@ fn main() {
     let events: usize = std::env::var("SEKALI_BENCH_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
+        .unwrap_or(200_000);
     let concurrency: usize = std::env::var("SEKALI_BENCH_CONCURRENCY")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -126,17 +186,37 @@ fn main() {
         "sekali throughput: {events} unique Stripe deliveries + 20 % redeliveries, {} cores shared with the load generator",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let (batched, batched_rss) = measure(
-        &format!("group commit (default), {concurrency} conns"),
+    // What shops run, then the same without the relay, then without the relay or batching:
+    // the first ratio is the relay's cost, the second the group commit's gain.
+    let (default, default_rss, relay) = measure_with_relay(
+        &format!("sekali serve (default: relay on), {concurrency} conns"),
         &[],
         events,
         concurrency,
     );
-    let (single, _) = measure(
-        &format!("--batch-max 1, {concurrency} conns"),
-        &["--batch-max", "1"],
+    let (batched, _) = measure(
+        &format!("--no-relay, {concurrency} conns"),
+        &["--no-relay"],
         events,
         concurrency,
+    );
+    // One transaction per delivery is several times slower: a tenth of the events lasts as
+    // long.
+    let (single, _) = measure(
+        &format!("--no-relay --batch-max 1, {concurrency} conns"),
+        &["--no-relay", "--batch-max", "1"],
+        events / 10,
+        concurrency,
+    );
+    let relay = relay.expect("the default runs the relay");
+    let checked = "measure() checked that every delivery was answered 2xx";
+    println!(
+        "ratios: default / --no-relay: throughput {:.2}, p99 {:.2}, max {:.1} ms; every email sent {:.1} s after the load; peak RSS {:.1} MiB",
+        default.deliveries_per_sec / batched.deliveries_per_sec,
+        default.p99_ms.expect(checked) / batched.p99_ms.expect(checked),
+        default.max_ms.expect(checked),
+        relay.drained_in.as_secs_f64(),
+        default_rss as f64 / 1024.0,
     );
     // At one connection both settings run the same code (batches of one: there is no batching
     // timer), so their p50s differ only by the machine's noise. Alternate short runs and compare
@@ -145,28 +225,28 @@ fn main() {
     let (mut batched_p50s, mut single_p50s) = (Vec::new(), Vec::new());
     for round in 1..=LONE_ROUNDS {
         let (batched_one, _) = measure(
-            &format!("group commit (default), 1 conn, #{round}"),
-            &[],
+            &format!("--no-relay, 1 conn, #{round}"),
+            &["--no-relay"],
             lone,
             1,
         );
         let (single_one, _) = measure(
-            &format!("--batch-max 1, 1 conn, #{round}"),
-            &["--batch-max", "1"],
+            &format!("--no-relay --batch-max 1, 1 conn, #{round}"),
+            &["--no-relay", "--batch-max", "1"],
             lone,
             1,
         );
-        let checked = "measure() checked that every delivery was answered 2xx";
         batched_p50s.push(batched_one.p50_ms.expect(checked));
         single_p50s.push(single_one.p50_ms.expect(checked));
     }
     let (batched_p50, single_p50) = (median(batched_p50s), median(single_p50s));
     println!(
-        "ratios: throughput default / batch-max-1 = {:.1}x at {concurrency} conns; p50 at 1 conn (median of {LONE_ROUNDS} alternating runs) default {batched_p50:.2} ms / batch-max-1 {single_p50:.2} ms = {:.2}; peak RSS {:.1} MiB",
+        "ratios: group commit / batch-max-1 (both --no-relay) = {:.1}x at {concurrency} conns; p50 at 1 conn (median of {LONE_ROUNDS} alternating runs) {batched_p50:.2} ms / {single_p50:.2} ms = {:.2}",
         batched.deliveries_per_sec / single.deliveries_per_sec,
         batched_p50 / single_p50,
-        batched_rss as f64 / 1024.0,
     );
+    // Statics are not dropped: the runs' files go here, after the last figure.
+    let _ = std::fs::remove_dir_all(RUNS.path());
 }
 
 /// Runs of each setting at one connection, alternating.

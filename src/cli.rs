@@ -211,7 +211,11 @@ impl RelayArgs {
             max_attempts: self.relay_max_attempts,
             lease: self.relay_lease,
             transport_timeout: self.relay_timeout,
-            batch: 32,
+            batch: if mail.smtp_url.is_some() || mail.http_url.is_some() {
+                crate::jobs::relay::NETWORK_BATCH
+            } else {
+                crate::jobs::relay::FILE_BATCH
+            },
             poll_interval: self.relay_poll_interval,
             owner,
             from: mail.from.clone(),
@@ -600,7 +604,8 @@ fn relay(args: RelayCommandArgs) -> ExitCode {
             }
             on_signal.cancel();
         });
-        crate::jobs::relay::run_relay(config, mail, Arc::new(SystemClock), shutdown).await
+        let queue = crate::jobs::relay::Queue::own_connection(&config)?;
+        crate::jobs::relay::run_relay(config, mail, Arc::new(SystemClock), shutdown, queue).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -25,6 +25,7 @@ pub mod clients;
 pub mod clock;
 pub mod config;
 pub mod domain;
+pub mod durable;
 pub mod jobs;
 pub mod mail;
 pub mod providers;

@@ -258,7 +258,13 @@ impl Application {
         ));
         let relay = settings.relay.clone().map(|(mut config, mail)| {
             config.db_path = settings.db_path.clone();
-            crate::jobs::relay::spawn_relay(config, mail, clock_for_relay.clone(), shutdown.clone())
+            crate::jobs::relay::spawn_relay(
+                config,
+                mail,
+                clock_for_relay.clone(),
+                shutdown.clone(),
+                crate::jobs::relay::Queue::Writer(writer.clone()),
+            )
         });
         let mut webhook_urls = Vec::new();
         if !settings.secrets.stripe.is_empty() {
@@ -291,6 +297,11 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The server's writer (tests run a relay through it, as `serve` does).
+    pub fn writer(&self) -> Writer {
+        self.writer.clone()
     }
 
     /// Stops the server as SIGTERM would: `stop(true)` finishes in-flight requests first.

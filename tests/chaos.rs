@@ -12,7 +12,11 @@
 //! - each order ends in the status in-order processing gives;
 //! - the order's transitions form one chain and `email_outbox` holds exactly one row per
 //!   transition that has a notice;
-//! - `PRAGMA integrity_check` is ok, and the WAL stayed bounded.
+//! - `PRAGMA integrity_check` is ok, and the WAL stayed bounded;
+//! - the outbox relay, which runs inside the server as it does by default and is killed with
+//!   it, sends every email: no row ends pending or dead, and each `sent` row's `.eml` file is
+//!   whole and carries the row's key in its Message-ID (a kill between a file and its row's
+//!   `sent` means the file is written again: the documented at-least-once resend).
 //!
 //! Sizes: `SEKALI_CHAOS_EVENTS` (default 3000) and `SEKALI_CHAOS_KILLS` (default 10); the large
 //! run in the README uses 20000 and 100 on a release build.
@@ -336,15 +340,25 @@ impl Server {
             .append(true)
             .open(&self.log)
             .unwrap();
+        let mail = self.db.parent().unwrap().join("mail");
         let child = Command::new(env!("CARGO_BIN_EXE_sekali"))
             .args([
                 "serve",
-                "--no-relay",
                 "--listen",
                 &format!("127.0.0.1:{}", self.port),
+                // A killed relay's rows are claimed again once their lease runs out: seconds
+                // here, minutes by default.
+                "--relay-lease",
+                "3s",
+                "--relay-timeout",
+                "2s",
+                "--relay-poll-interval",
+                "20ms",
                 "--db",
             ])
             .arg(&self.db)
+            .arg("--mail-dir")
+            .arg(&mail)
             .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
             .env("MIDTRANS_SERVER_KEY", MIDTRANS_KEY)
             // Notifications applied as sent: the chaos is the server's, not Midtrans's API.
@@ -587,15 +601,37 @@ fn crash_chaos_loses_nothing_and_applies_nothing_twice() {
     if let Ok(meta) = std::fs::metadata(format!("{}-wal", db.display())) {
         max_wal.fetch_max(meta.len() as usize, Ordering::SeqCst);
     }
+    // The relay finishes its work: rows a killed relay held wait out their lease.
+    let drain_deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pending: i64 = Connection::open(&db)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM email_outbox WHERE status = 'pending'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        if pending == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < drain_deadline,
+            "{pending} emails still pending a minute after the load"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     server.lock().unwrap().stop();
 
     let conn = Connection::open(&db).unwrap();
     let report = check_invariants(&conn, &events, &orders);
+    let emails = check_emails(&conn, &dir.path().join("mail"));
     println!(
         "crash chaos: {} events ({} orders), {} deliveries from {SENDERS} senders, {kills} SIGKILLs, seed {seed:#x}\n\
          phase 1: {:.1}s, {} acknowledged, {unacked} not acknowledged\n\
          lost (acked, missing): {}   recovered (unacked, present): {recovered}   unexpected rows: {}\n\
-         after redelivery: {} event rows, {} transitions, {} outbox rows, largest WAL seen {:.1} MiB, total {:.1}s",
+         after redelivery: {} event rows, {} transitions, {} outbox rows, largest WAL seen {:.1} MiB, total {:.1}s\n\
+         emails: {} sent, each a whole .eml file",
         events.len(),
         orders.len(),
         deliveries.len(),
@@ -608,6 +644,7 @@ fn crash_chaos_loses_nothing_and_applies_nothing_twice() {
         report.outbox,
         max_wal.load(Ordering::SeqCst) as f64 / (1024.0 * 1024.0),
         started.elapsed().as_secs_f64(),
+        emails,
     );
     assert!(lost.is_empty(), "acknowledged but missing: {lost:?}");
     assert!(unexpected.is_empty(), "rows nobody sent: {unexpected:?}");
@@ -621,6 +658,55 @@ fn crash_chaos_loses_nothing_and_applies_nothing_twice() {
         "the WAL grew without bound: {} bytes",
         max_wal.load(Ordering::SeqCst)
     );
+}
+
+/// Every outbox row with a recipient ends `sent` (the others `skipped`: the Midtrans events carry
+/// no address), and each sent row has its file: whole (the MIME message ends with its closing
+/// boundary) and naming the row's key in its Message-ID. Returns how many were sent.
+fn check_emails(conn: &Connection, mail: &Path) -> usize {
+    let mut stmt = conn
+        .prepare(
+            "SELECT idempotency_key, status, attempts FROM email_outbox
+             WHERE status <> 'skipped' OR recipient IS NOT NULL",
+        )
+        .unwrap();
+    let rows: Vec<(String, String, i64)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (key, status, attempts) in &rows {
+        assert_eq!(
+            status, "sent",
+            "email {key} ended {status} after {attempts} attempts"
+        );
+        let path = mail.join(format!("{key}.eml"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{} of a sent row: {e}", path.display()));
+        assert!(
+            text.contains(&format!("Message-ID: <{key}@")),
+            "{}",
+            path.display()
+        );
+        let boundary = text
+            .split("boundary=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("{} has no MIME boundary", path.display()));
+        assert!(
+            text.trim_end().ends_with(&format!("--{boundary}--")),
+            "{} is cut short",
+            path.display()
+        );
+    }
+    // No stray temporary file is left behind as if it were an email.
+    let files = std::fs::read_dir(mail)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".eml"))
+        .count();
+    assert_eq!(files, rows.len(), "one .eml file per row");
+    rows.len()
 }
 
 fn stored_event_ids(db: &Path) -> HashSet<(Provider, String)> {

@@ -13,6 +13,11 @@
 //! dead, saying why): the API would no longer recognise the resend.
 //! Every attempt of a row carries the same idempotency key (file name, `Idempotency-Key`
 //! header, Message-ID), so a downstream can recognise a resend.
+//!
+//! Where it claims and records ([`Queue`]): inside `serve`, through the single writer, whose
+//! group commits carry its claims and each batch's results (no second write connection, no
+//! fight for SQLite's write lock, no fsync per email); as `sekali relay`, on a connection of its
+//! own, one transaction per claim and one per batch of results.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,8 +28,8 @@ use crate::clock::SharedClock;
 use crate::domain::text::third_party_for_log;
 use crate::mail::transport::{MailConfig, SendError, Transport, TransportError};
 use crate::mail::{render, RenderedEmail};
-use crate::store::outbox::{self, ClaimedEmail};
-use crate::store::{open_existing, StoreError};
+use crate::store::outbox::{self, ClaimRequest, ClaimedEmail, SendOutcome, SendResult};
+use crate::store::{StoreError, WriteError, Writer};
 
 pub const DEFAULT_BASE_DELAY: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(3600);
@@ -36,6 +41,7 @@ pub const DOWNSTREAM_KEY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
+    /// The database, for `sekali relay` (the relay inside `serve` writes through the writer).
     pub db_path: PathBuf,
     pub busy_timeout: Duration,
     pub base_delay: Duration,
@@ -60,7 +66,89 @@ pub enum RelayError {
     Transport(#[from] TransportError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Write(#[from] WriteError),
 }
+
+/// Where the relay claims rows and records their results.
+#[derive(Clone)]
+pub enum Queue {
+    /// Inside `serve`: through the single writer, in its transactions.
+    Writer(Writer),
+    /// `sekali relay`: a write connection of its own.
+    Connection(std::sync::Arc<std::sync::Mutex<rusqlite::Connection>>),
+}
+
+impl Queue {
+    /// Opens the relay's own connection to `config.db_path` (`sekali relay`).
+    pub fn own_connection(config: &RelayConfig) -> Result<Queue, StoreError> {
+        let conn = crate::store::open_existing(&config.db_path, true, config.busy_timeout)?;
+        Ok(Queue::Connection(std::sync::Arc::new(
+            std::sync::Mutex::new(conn),
+        )))
+    }
+
+    async fn claim(
+        &self,
+        request: ClaimRequest,
+        now_ms: i64,
+    ) -> Result<Vec<ClaimedEmail>, RelayError> {
+        match self {
+            Queue::Writer(writer) => Ok(writer.claim_outbox(request).await?),
+            Queue::Connection(conn) => {
+                let conn = conn.clone();
+                blocking(move || {
+                    outbox::claim_due(&conn.lock().expect("relay connection"), &request, now_ms)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Records a batch's results in one transaction; per result, whether this relay still held
+    /// the row's lease.
+    async fn record(
+        &self,
+        owner: &str,
+        results: Vec<SendResult>,
+        now_ms: i64,
+    ) -> Result<Vec<bool>, RelayError> {
+        match self {
+            Queue::Writer(writer) => Ok(writer
+                .record_outbox_results(owner.to_owned(), results)
+                .await?),
+            Queue::Connection(conn) => {
+                let (conn, owner) = (conn.clone(), owner.to_owned());
+                blocking(move || {
+                    outbox::record_results(
+                        &conn.lock().expect("relay connection"),
+                        &owner,
+                        &results,
+                        now_ms,
+                    )
+                })
+                .await
+            }
+        }
+    }
+}
+
+/// Runs SQLite work of the relay's own connection off its event loop.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, RelayError> {
+    match actix_web::rt::task::spawn_blocking(work).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(RelayError::Store(StoreError::Injected(
+            "the relay's database task panicked",
+        ))),
+    }
+}
+
+/// The relay's rows per claim: a file batch shares its two syncs, so it is large; SMTP and the
+/// HTTP API send a batch concurrently, so it is what one server should take at once.
+pub const FILE_BATCH: usize = 256;
+pub const NETWORK_BATCH: usize = 32;
 
 /// Starts the relay on a thread of its own with its own event loop (the transports need one).
 pub fn spawn_relay(
@@ -68,12 +156,13 @@ pub fn spawn_relay(
     mail: MailConfig,
     clock: SharedClock,
     shutdown: CancellationToken,
+    queue: Queue,
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("sekali-relay".into())
         .spawn(move || {
-            if let Err(e) =
-                actix_web::rt::System::new().block_on(run_relay(config, mail, clock, shutdown))
+            if let Err(e) = actix_web::rt::System::new()
+                .block_on(run_relay(config, mail, clock, shutdown, queue))
             {
                 tracing::error!(error = %e, "the outbox relay stopped");
             }
@@ -153,9 +242,9 @@ pub async fn run_relay(
     mail: MailConfig,
     clock: SharedClock,
     shutdown: CancellationToken,
+    queue: Queue,
 ) -> Result<(), RelayError> {
-    let transport = Transport::from_config(&mail)?;
-    let conn = open_existing(&config.db_path, true, config.busy_timeout)?;
+    let transport = std::rc::Rc::new(Transport::from_config(&mail)?);
     let mut rng = config
         .seed
         .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
@@ -163,41 +252,59 @@ pub async fn run_relay(
         owner = %config.owner,
         transport = transport.kind(),
         mail_dir = %transport.mail_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+        writes = match queue { Queue::Writer(_) => "through the server's writer", Queue::Connection(_) => "on its own connection" },
         "outbox relay started"
     );
     // Batches in a row that found the transport unavailable.
     let mut outage = 0u32;
-    while !shutdown.is_cancelled() {
-        // While the transport is unavailable, one row probes it.
-        let limit = if outage > 0 { 1 } else { config.batch };
-        let claimed = match outbox::claim_due(
-            &conn,
-            &config.owner,
-            clock.now_millis(),
-            config.lease.as_millis() as i64,
-            limit,
-        ) {
-            Ok(claimed) => claimed,
-            Err(e) => {
-                tracing::warn!(error = ?e, "claiming outbox rows failed; trying again");
-                Vec::new()
+    // A pipeline two batches deep: while one batch is being sent, the next is claimed and
+    // rendered, and the one before has its results recorded. Through the writer, one batch's
+    // results and the next claim then share a commit; with files, rendering overlaps the
+    // writing.
+    let mut sending: Option<InFlight> = None;
+    let mut recording: Option<actix_web::rt::task::JoinHandle<()>> = None;
+    loop {
+        // While the transport is unavailable, one row probes it, alone. Rows claimed are never
+        // abandoned on shutdown: they would wait out their lease (the writer stops only after
+        // the relay).
+        let claim_now = !shutdown.is_cancelled() && (outage == 0 || sending.is_none());
+        let next = if claim_now {
+            let request = ClaimRequest {
+                owner: config.owner.clone(),
+                lease_ms: config.lease.as_millis() as i64,
+                limit: if outage > 0 { 1 } else { config.batch },
+            };
+            match queue.claim(request, clock.now_millis()).await {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    tracing::warn!(error = ?e, "claiming outbox rows failed; trying again");
+                    Vec::new()
+                }
             }
+        } else {
+            Vec::new()
         };
-        if claimed.is_empty() {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(config.poll_interval) => continue,
+        let next = (!next.is_empty()).then(|| InFlight::start(&config, &transport, &clock, next));
+        let Some(previous) = std::mem::replace(&mut sending, next) else {
+            if sending.is_none() {
+                // Nothing in flight and nothing due.
+                if shutdown.is_cancelled() {
+                    break;
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = tokio::time::sleep(config.poll_interval) => {}
+                }
             }
-        }
-        // The batch is sent concurrently (each send bounded by the transport timeout, which is
-        // shorter than the lease), then the results are recorded one by one.
-        let now = clock.now_millis();
-        let attempts = futures_util::future::join_all(
+            continue;
+        };
+        let InFlight { claimed, attempts } = previous;
+        let attempts = attempts.await.unwrap_or_else(|_| {
             claimed
                 .iter()
-                .map(|email| attempt(&config, &transport, now, email)),
-        )
-        .await;
+                .map(|_| Some(Err(SendError::transient("the send task failed"))))
+                .collect()
+        });
         let unavailable = attempts
             .iter()
             .filter(|a| matches!(a, Some(Err(SendError::Unavailable(_)))))
@@ -222,11 +329,34 @@ pub async fn run_relay(
                 _ => None,
             })
             .unwrap_or_default();
-        for (email, result) in claimed.into_iter().zip(attempts) {
-            if let Err(e) = record_result(&conn, &config, &clock, &mut rng, email, result) {
-                tracing::warn!(error = ?e, "recording an outbox result failed; the row will be retried after its lease");
-            }
+        let now = clock.now_millis();
+        let results: Vec<SendResult> = claimed
+            .iter()
+            .zip(attempts)
+            .map(|(email, attempt)| SendResult {
+                id: email.id,
+                outcome: outcome_of(&config, &mut rng, email, attempt, now),
+            })
+            .collect();
+        // At most one batch's results in flight: they are recorded in order.
+        if let Some(previous) = recording.take() {
+            let _ = previous.await;
         }
+        let (queue_for_record, owner) = (queue.clone(), config.owner.clone());
+        recording = Some(actix_web::rt::spawn(async move {
+            match queue_for_record.record(&owner, results.clone(), now).await {
+                Ok(owned) => {
+                    for ((email, result), owned) in claimed.iter().zip(&results).zip(owned) {
+                        log_result(email, &result.outcome, owned);
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    error = ?e,
+                    rows = results.len(),
+                    "recording a batch of outbox results failed; its rows will be sent again after their lease"
+                ),
+            }
+        }));
         if was_unavailable {
             // Equal jitter: at least half the backoff, so probes do not come back at once.
             let upper = config.max_backoff(outage).as_millis() as u64;
@@ -238,23 +368,69 @@ pub async fn run_relay(
                 "the email transport is unavailable; no row's try is counted, and the relay waits before probing it again"
             );
             tokio::select! {
-                _ = shutdown.cancelled() => break,
+                _ = shutdown.cancelled() => {}
                 _ = tokio::time::sleep(pause) => {}
             }
         }
+    }
+    if let Some(last) = recording.take() {
+        let _ = last.await;
     }
     tracing::info!(owner = %config.owner, "outbox relay stopped");
     Ok(())
 }
 
-/// What became of one claimed row; `None` when it has no recipient.
-async fn attempt(
-    config: &RelayConfig,
-    transport: &Transport,
-    now_ms: i64,
-    email: &ClaimedEmail,
-) -> Option<Result<(), SendError>> {
-    email.recipient.as_ref()?;
+/// A claimed batch being sent: what became of each row, in order (`None` for a row without a
+/// recipient), once the task ends.
+struct InFlight {
+    claimed: Vec<ClaimedEmail>,
+    attempts: actix_web::rt::task::JoinHandle<Vec<Option<Result<(), SendError>>>>,
+}
+
+impl InFlight {
+    /// Renders the rows that are to be sent and hands them to the transport as one batch (see
+    /// [`Transport::send_batch`]), on a task of the relay's event loop.
+    fn start(
+        config: &RelayConfig,
+        transport: &std::rc::Rc<Transport>,
+        clock: &SharedClock,
+        claimed: Vec<ClaimedEmail>,
+    ) -> InFlight {
+        let now_ms = clock.now_millis();
+        let mut attempts: Vec<Option<Result<(), SendError>>> = Vec::with_capacity(claimed.len());
+        let mut to_send: Vec<(usize, RenderedEmail)> = Vec::new();
+        for (index, email) in claimed.iter().enumerate() {
+            attempts.push(match prepare(transport, now_ms, email, &config.from) {
+                Prepared::Done(result) => result,
+                Prepared::Send(rendered) => {
+                    to_send.push((index, *rendered));
+                    None // replaced when it is sent
+                }
+            });
+        }
+        let (transport, timeout) = (transport.clone(), config.transport_timeout);
+        let attempts = actix_web::rt::spawn(async move {
+            let (indexes, rendered): (Vec<usize>, Vec<RenderedEmail>) = to_send.into_iter().unzip();
+            let sent = transport.send_batch(&rendered, timeout).await;
+            for (index, result) in indexes.into_iter().zip(sent) {
+                attempts[index] = Some(result);
+            }
+            attempts
+        });
+        InFlight { claimed, attempts }
+    }
+}
+
+enum Prepared {
+    /// Decided without the transport: no recipient (`None`), withheld, or not renderable.
+    Done(Option<Result<(), SendError>>),
+    Send(Box<RenderedEmail>),
+}
+
+fn prepare(transport: &Transport, now_ms: i64, email: &ClaimedEmail, from: &str) -> Prepared {
+    if email.recipient.is_none() {
+        return Prepared::Done(None);
+    }
     // Past the key's lifetime after the first try that may have reached the API, a resend
     // could deliver the email twice. (Counted tries alone always fit, see `validate`; but waits
     // for an unavailable transport count no try and can last longer.)
@@ -263,58 +439,51 @@ async fn attempt(
             .first_tried_ms
             .is_some_and(|first| now_ms - first >= DOWNSTREAM_KEY_LIFETIME.as_millis() as i64)
     {
-        return Some(Err(SendError::Withheld(format!(
+        return Prepared::Done(Some(Err(SendError::Withheld(format!(
             "not sent again: an earlier try may have reached the email API more than {} ago, \
              past its idempotency key's lifetime, so a resend could deliver it twice; check \
              whether it arrived, and `sekali outbox retry` it if not",
             humantime::format_duration(DOWNSTREAM_KEY_LIFETIME)
-        ))));
+        )))));
     }
-    Some(match render(email, &config.from) {
-        Ok(rendered) => send_with_timeout(transport, &rendered, config.transport_timeout).await,
-        Err(e) => Err(SendError::Permanent(e.to_string())),
-    })
+    match render(email, from) {
+        Ok(rendered) => Prepared::Send(Box::new(rendered)),
+        Err(e) => Prepared::Done(Some(Err(SendError::Permanent(e.to_string())))),
+    }
 }
 
-fn record_result(
-    conn: &rusqlite::Connection,
+/// The row's next state after `attempt`.
+fn outcome_of(
     config: &RelayConfig,
-    clock: &SharedClock,
     rng: &mut fastrand::Rng,
-    email: ClaimedEmail,
-    result: Option<Result<(), SendError>>,
-) -> Result<(), StoreError> {
-    let (id, key) = (email.id, email.idempotency_key.clone());
-    let Some(result) = result else {
-        outbox::mark_skipped(conn, id, &config.owner, clock.now_millis())?;
-        tracing::info!(id, "outbox row skipped: no recipient address");
-        return Ok(());
-    };
-    let now = clock.now_millis();
+    email: &ClaimedEmail,
+    attempt: Option<Result<(), SendError>>,
+    now: i64,
+) -> SendOutcome {
     let failures = email.attempts as u32 + 1;
-    let owned = match result {
-        Ok(()) => {
-            let owned = outbox::mark_sent(conn, id, &config.owner, now)?;
-            tracing::debug!(id, key = %key, "email sent");
-            owned
-        }
-        Err(SendError::Unavailable(reason)) => {
-            // Due again at once: the relay's own pause spaces the probes (see `run_relay`).
-            tracing::debug!(id, key = %key, "email waits for the transport");
-            outbox::mark_untried(conn, id, &config.owner, now, &reason, Some(now))?
-        }
-        Err(SendError::Withheld(reason)) => {
-            tracing::warn!(id, key = %key, reason = %third_party_for_log(&reason), "email withheld; row is dead");
-            outbox::mark_untried(conn, id, &config.owner, now, &reason, None)?
-        }
-        Err(SendError::Permanent(reason)) => {
-            tracing::warn!(id, key = %key, reason = %third_party_for_log(&reason), "email failed permanently; row is dead");
-            outbox::mark_failed(conn, id, &config.owner, now, &reason, None)?
-        }
+    let Some(result) = attempt else {
+        return SendOutcome::Skipped;
+    };
+    match result {
+        Ok(()) => SendOutcome::Sent,
+        // Due again at once: the relay's own pause spaces the probes (see `run_relay`).
+        Err(SendError::Unavailable(error)) => SendOutcome::Untried {
+            error,
+            retry_at_ms: Some(now),
+        },
+        Err(SendError::Withheld(error)) => SendOutcome::Untried {
+            error,
+            retry_at_ms: None,
+        },
+        Err(SendError::Permanent(error)) => SendOutcome::Failed {
+            error,
+            retry_at_ms: None,
+        },
         Err(SendError::Transient { reason, .. }) if failures >= config.max_attempts => {
-            tracing::warn!(id, key = %key, attempts = failures, reason = %third_party_for_log(&reason), "email reached the attempt limit; row is dead");
-            let reason = format!("{reason} (gave up after {failures} attempts)");
-            outbox::mark_failed(conn, id, &config.owner, now, &reason, None)?
+            SendOutcome::Failed {
+                error: format!("{reason} (gave up after {failures} attempts)"),
+                retry_at_ms: None,
+            }
         }
         Err(SendError::Transient {
             reason,
@@ -324,34 +493,60 @@ fn record_result(
                 Some(asked) => asked.min(config.max_delay),
                 None => backoff_delay(config, rng, failures),
             };
-            tracing::info!(id, key = %key, attempts = failures, retry_in_ms = delay.as_millis() as u64, reason = %third_party_for_log(&reason), "email will be retried");
-            outbox::mark_failed(
-                conn,
-                id,
-                &config.owner,
-                now,
-                &reason,
-                Some(now + delay.as_millis() as i64),
-            )?
+            SendOutcome::Failed {
+                error: reason,
+                retry_at_ms: Some(now + delay.as_millis() as i64),
+            }
         }
-    };
-    if !owned {
-        tracing::warn!(id, key = %key, "this relay's lease ran out before the result was recorded; the row will be sent again with the same key");
     }
-    Ok(())
 }
 
-async fn send_with_timeout(
-    transport: &Transport,
-    email: &RenderedEmail,
-    timeout: Duration,
-) -> Result<(), SendError> {
-    match tokio::time::timeout(timeout, transport.send(email)).await {
-        Ok(result) => result,
-        Err(_) => Err(SendError::Transient {
-            reason: format!("the transport timed out after {timeout:?}"),
-            retry_after: None,
-        }),
+/// One line per row whose result is worth an operator's eye; third-party text in it is made
+/// fit for a log line.
+fn log_result(email: &ClaimedEmail, outcome: &SendOutcome, owned: bool) {
+    let (id, key) = (email.id, email.idempotency_key.as_str());
+    match outcome {
+        SendOutcome::Sent => tracing::debug!(id, key, "email sent"),
+        SendOutcome::Skipped => tracing::info!(id, "outbox row skipped: no recipient address"),
+        SendOutcome::Untried {
+            retry_at_ms: Some(_),
+            ..
+        } => tracing::debug!(id, key, "email waits for the transport"),
+        SendOutcome::Untried { error, .. } => tracing::warn!(
+            id,
+            key,
+            reason = %third_party_for_log(error),
+            "email withheld; row is dead"
+        ),
+        SendOutcome::Failed {
+            error,
+            retry_at_ms: None,
+        } => tracing::warn!(
+            id,
+            key,
+            attempts = email.attempts + 1,
+            reason = %third_party_for_log(error),
+            "{}",
+            if error.ends_with(" attempts)") && error.contains("(gave up after ") {
+                "email reached the attempt limit; row is dead"
+            } else {
+                "email failed permanently; row is dead"
+            }
+        ),
+        SendOutcome::Failed {
+            error,
+            retry_at_ms: Some(at),
+        } => tracing::info!(
+            id,
+            key,
+            attempts = email.attempts + 1,
+            retry_at_ms = at,
+            reason = %third_party_for_log(error),
+            "email will be retried"
+        ),
+    }
+    if !owned {
+        tracing::warn!(id, key, "this relay's lease ran out before the result was recorded; the row will be sent again with the same key");
     }
 }
 

@@ -39,7 +39,7 @@ pub enum SendError {
 }
 
 impl SendError {
-    fn transient(reason: impl Into<String>) -> Self {
+    pub fn transient(reason: impl Into<String>) -> Self {
         SendError::Transient {
             reason: reason.into(),
             retry_after: None,
@@ -74,8 +74,15 @@ pub enum TransportError {
 }
 
 pub enum Transport {
-    /// Default: `<mail dir>/<idempotency key>.eml`; a resend overwrites the same file.
-    File { dir: PathBuf },
+    /// Default: `<mail dir>/<idempotency key>.eml`; a resend overwrites the same file. A file is
+    /// on the disk before its row is `sent` (see [`write_eml_batch`]).
+    File {
+        dir: PathBuf,
+        sync: DirSync,
+        /// One batch writes at a time: two at once only contend for the directory's lock
+        /// (measured: a tenth of the relay's CPU spinning on it).
+        writing: tokio::sync::Mutex<()>,
+    },
     Smtp {
         transport: AsyncSmtpTransport<Tokio1Executor>,
         /// For connect, EHLO and AUTH: half the send timeout, so that a server that does not
@@ -87,7 +94,55 @@ pub enum Transport {
         url: String,
         api_key: SecretString,
         timeout: Duration,
+        /// Kept for the relay's life, so its connections are reused (`awc::Client` stays on
+        /// the relay's thread).
+        client: awc::Client,
     },
+}
+
+/// How the file transport makes a batch of emails durable before their rows are `sent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirSync {
+    /// One `syncfs(2)` for the whole batch: on a local journaling file system (ext4, XFS,
+    /// Btrfs, F2FS, ZFS; tmpfs and overlayfs pass it on), it writes every file's data out, as an
+    /// fsync each would, for the price of one. Measured on this kind of machine with 3 KB files:
+    /// about 35,000 files/s, against about 3,500/s with an fsync each.
+    FileSystem,
+    /// An fsync of each file: on any other file system (FUSE, NFS and the like), where syncfs
+    /// may not reach the server and promises nothing.
+    EachFile,
+}
+
+impl DirSync {
+    /// The cheapest sync that is a full barrier on the file system `dir` is on.
+    pub fn for_dir(dir: &std::path::Path) -> DirSync {
+        // statfs(2) f_type magic numbers of the file systems whose syncfs is a barrier.
+        const FULL_BARRIER: [u64; 8] = [
+            0xEF53,      // ext2, ext3, ext4
+            0x5846_5342, // XFS
+            0x9123_683E, // Btrfs
+            0xF2F5_2010, // F2FS
+            0x2FC1_2FC1, // ZFS
+            0x0102_1994, // tmpfs (nothing is durable; nothing to lose either)
+            0x794C_7630, // overlayfs (syncs its upper file system)
+            0x8584_58F6, // ramfs (as tmpfs)
+        ];
+        let kind = std::fs::File::open(dir)
+            .ok()
+            .and_then(|d| rustix::fs::fstatfs(&d).ok())
+            .map(|s| s.f_type as u64);
+        match kind {
+            Some(kind) if FULL_BARRIER.contains(&kind) => DirSync::FileSystem,
+            _ => DirSync::EachFile,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DirSync::FileSystem => "one syncfs per batch",
+            DirSync::EachFile => "an fsync per file",
+        }
+    }
 }
 
 impl MailConfig {
@@ -141,8 +196,8 @@ impl MailConfig {
             return Ok(true);
         }
         // The file transport: its directory must exist or be creatable now, not at the first
-        // email.
-        std::fs::create_dir_all(&self.mail_dir).map_err(|e| TransportError::MailDir {
+        // email; created, its name is made durable with it.
+        crate::durable::create_dir_all(&self.mail_dir).map_err(|e| TransportError::MailDir {
             dir: self.mail_dir.display().to_string(),
             reason: e.to_string(),
         })?;
@@ -171,20 +226,36 @@ impl Transport {
                 .http_api_key
                 .clone()
                 .ok_or(TransportError::MissingApiKey)?;
+            // A connection not made within half the send timeout is the transport's failure
+            // (`SendRequestError::Connect`), found before the relay's own timeout counts a try.
+            let client = awc::Client::builder()
+                .connector(awc::Connector::new().timeout(config.timeout / 2))
+                .timeout(config.timeout)
+                .finish();
             return Ok(Transport::Http {
                 url: url.clone(),
                 api_key,
                 timeout: config.timeout,
+                client,
             });
         }
         Ok(Transport::File {
             dir: config.mail_dir.clone(),
+            sync: DirSync::for_dir(&config.mail_dir),
+            writing: tokio::sync::Mutex::new(()),
         })
     }
 
     pub fn kind(&self) -> &'static str {
         match self {
-            Transport::File { .. } => "mail directory",
+            Transport::File {
+                sync: DirSync::FileSystem,
+                ..
+            } => "mail directory (synced with one syncfs per batch)",
+            Transport::File {
+                sync: DirSync::EachFile,
+                ..
+            } => "mail directory (synced with an fsync per file)",
             Transport::Smtp { .. } => "smtp",
             Transport::Http { .. } => "http",
         }
@@ -193,8 +264,62 @@ impl Transport {
     /// Where the file transport writes; `None` for the others.
     pub fn mail_dir(&self) -> Option<&std::path::Path> {
         match self {
-            Transport::File { dir } => Some(dir),
+            Transport::File { dir, .. } => Some(dir),
             _ => None,
+        }
+    }
+
+    /// Delivers a relay's batch; the results are in the order of `emails`. SMTP and the HTTP
+    /// API send the emails concurrently (SMTP over lettre's pool of connections, the API over
+    /// one client's), each within `timeout`; files are written as one durable batch.
+    pub async fn send_batch(
+        &self,
+        emails: &[RenderedEmail],
+        timeout: Duration,
+    ) -> Vec<Result<(), SendError>> {
+        if emails.is_empty() {
+            return Vec::new();
+        }
+        let timed_out = || SendError::Transient {
+            reason: format!("the transport timed out after {timeout:?}"),
+            retry_after: None,
+        };
+        match self {
+            Transport::File { dir, sync, writing } => {
+                let files: Result<Vec<(String, Vec<u8>)>, SendError> = emails
+                    .iter()
+                    .map(|email| Ok((email.idempotency_key.clone(), message_bytes(email)?)))
+                    .collect();
+                let files = match files {
+                    Ok(files) => files,
+                    // A message that cannot be built fails alone.
+                    Err(_) => {
+                        return futures_util::future::join_all(emails.iter().map(|e| self.send(e)))
+                            .await
+                    }
+                };
+                let (dir, sync) = (dir.clone(), *sync);
+                let _one_at_a_time = writing.lock().await;
+                let write = actix_web::rt::task::spawn_blocking(move || {
+                    write_eml_batch(&dir, &files, sync)
+                });
+                match tokio::time::timeout(timeout, write).await {
+                    Ok(Ok(results)) => results,
+                    Ok(Err(_)) => emails
+                        .iter()
+                        .map(|_| Err(SendError::transient("writing the mail directory failed")))
+                        .collect(),
+                    Err(_) => emails.iter().map(|_| Err(timed_out())).collect(),
+                }
+            }
+            _ => {
+                futures_util::future::join_all(emails.iter().map(|email| async {
+                    tokio::time::timeout(timeout, self.send(email))
+                        .await
+                        .unwrap_or_else(|_| Err(timed_out()))
+                }))
+                .await
+            }
         }
     }
 
@@ -205,9 +330,12 @@ impl Transport {
     /// Delivers `email`; `Ok` only once the transport confirmed it.
     pub async fn send(&self, email: &RenderedEmail) -> Result<(), SendError> {
         match self {
-            Transport::File { dir } => {
+            Transport::File { dir, sync, .. } => {
                 let bytes = build_message(email)?.formatted();
-                write_eml(dir, &email.idempotency_key, &bytes)
+                let files = [(email.idempotency_key.clone(), bytes)];
+                write_eml_batch(dir, &files, *sync)
+                    .pop()
+                    .expect("one result per file")
             }
             Transport::Smtp {
                 transport,
@@ -244,9 +372,15 @@ impl Transport {
                 url,
                 api_key,
                 timeout,
-            } => send_http(url, api_key, *timeout, email).await,
+                client,
+            } => send_http(client, url, api_key, *timeout, email).await,
         }
     }
+}
+
+/// The email as the bytes of one RFC 5322 message (what a `.eml` file holds).
+pub fn message_bytes(email: &RenderedEmail) -> Result<Vec<u8>, SendError> {
+    Ok(build_message(email)?.formatted())
 }
 
 fn build_message(email: &RenderedEmail) -> Result<Message, SendError> {
@@ -279,32 +413,71 @@ fn build_message(email: &RenderedEmail) -> Result<Message, SendError> {
         .map_err(|e| SendError::Permanent(format!("building the message: {e}")))
 }
 
-/// Writes atomically (temporary file, then rename), so a reader never sees half an email.
-fn write_eml(dir: &std::path::Path, key: &str, bytes: &[u8]) -> Result<(), SendError> {
-    let io = |e: std::io::Error| {
+/// Writes `files` (`(key, message)`) as `<dir>/<key>.eml`, and returns only once they are on
+/// the disk, not merely in the page cache: the relay marks a row `sent` on this `Ok`, and a
+/// power cut must not take back an email the database says was sent.
+///
+/// Each file is written under a temporary name, then the data of all of them is synced (see
+/// [`DirSync`]), then each is renamed into place, then the directory is synced so that the new
+/// names are durable too. A reader never sees half an email, and after a power cut a `.eml`
+/// file is whole or absent. One barrier of each kind per batch, not per file.
+pub fn write_eml_batch(
+    dir: &std::path::Path,
+    files: &[(String, Vec<u8>)],
+    sync: DirSync,
+) -> Vec<Result<(), SendError>> {
+    use std::io::Write;
+    let io = |what: &str, e: std::io::Error| {
         SendError::transient(format!(
-            "writing to the mail directory {}: {e}",
+            "{what} in the mail directory {}: {e}",
             dir.display()
         ))
     };
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let tmp = dir.join(format!(".{key}.eml.tmp"));
-    std::fs::write(&tmp, bytes).map_err(io)?;
-    std::fs::rename(&tmp, dir.join(format!("{key}.eml"))).map_err(io)
+    let all_failed = |error: SendError| files.iter().map(|_| Err(error.clone())).collect();
+    if let Err(e) = crate::durable::create_dir_all(dir) {
+        return all_failed(io("creating it", e));
+    }
+    let tmp_path = |key: &str| dir.join(format!(".{key}.eml.tmp"));
+    let mut results: Vec<Result<(), SendError>> = files
+        .iter()
+        .map(|(key, bytes)| {
+            let mut file = std::fs::File::create(tmp_path(key)).map_err(|e| io("writing", e))?;
+            file.write_all(bytes).map_err(|e| io("writing", e))?;
+            if sync == DirSync::EachFile {
+                file.sync_data().map_err(|e| io("syncing", e))?;
+            }
+            Ok(())
+        })
+        .collect();
+    if sync == DirSync::FileSystem && results.iter().any(Result::is_ok) {
+        let synced = std::fs::File::open(dir)
+            .and_then(|d| rustix::fs::syncfs(&d).map_err(std::io::Error::from));
+        if let Err(e) = synced {
+            return all_failed(io("syncing", e));
+        }
+    }
+    for ((key, _), result) in files.iter().zip(results.iter_mut()) {
+        if result.is_ok() {
+            *result = std::fs::rename(tmp_path(key), dir.join(format!("{key}.eml")))
+                .map_err(|e| io("renaming", e));
+        }
+    }
+    if results.iter().any(Result::is_ok) {
+        // The renames are entries of the directory: its own fsync makes them durable.
+        if let Err(e) = crate::durable::sync_dir(dir) {
+            return all_failed(io("syncing the directory", e));
+        }
+    }
+    results
 }
 
 async fn send_http(
+    client: &awc::Client,
     url: &str,
     api_key: &SecretString,
     timeout: Duration,
     email: &RenderedEmail,
 ) -> Result<(), SendError> {
-    // A connection not made within half the send timeout is the transport's failure
-    // (`SendRequestError::Connect`), found before the relay's own timeout counts a try.
-    let client = awc::Client::builder()
-        .connector(awc::Connector::new().timeout(timeout / 2))
-        .timeout(timeout)
-        .finish();
     let body = serde_json::json!({
         "from": email.from, "to": [email.to], "subject": email.subject,
         "html": email.html, "text": email.text,
@@ -312,6 +485,7 @@ async fn send_http(
     });
     let mut response = client
         .post(url)
+        .timeout(timeout)
         .insert_header((
             "Authorization",
             format!("Bearer {}", api_key.expose_secret()),

@@ -88,9 +88,17 @@ fn copy_and_check(
         orders: dst.query_row("SELECT count(*) FROM orders", [], |row| row.get(0))?,
     };
     drop(dst);
-    std::fs::rename(partial, out).map_err(|e| StoreError::BackupOut {
+    // On the disk before it is reported: the copy's data (SQLite synced its commits; this says
+    // so whatever the journal mode), then its name in the directory.
+    let out_error = |what: &str, e: std::io::Error| StoreError::BackupOut {
         path: out.display().to_string(),
-        reason: format!("renaming the checked copy into place: {e}"),
-    })?;
+        reason: format!("{what}: {e}"),
+    };
+    std::fs::File::open(partial)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| out_error("syncing the copy", e))?;
+    std::fs::rename(partial, out)
+        .map_err(|e| out_error("renaming the checked copy into place", e))?;
+    crate::durable::sync_parent(out).map_err(|e| out_error("syncing its directory", e))?;
     Ok(report)
 }

@@ -23,7 +23,20 @@ use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, OpenFlags};
 
 pub use events::Outcome;
-pub use writer::{WriteError, Writer, WriterConfig};
+pub use writer::{WriteError, Writer, WriterConfig, WriterStats};
+
+/// Write connections this process has opened (the writer's, a reopen's, a command's): `serve`
+/// opens exactly one, and its relay writes through it. Reported by `/healthz`.
+static WRITE_CONNECTIONS_OPENED: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+pub fn write_connections_opened() -> u64 {
+    WRITE_CONNECTIONS_OPENED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn count_write_connection() {
+    WRITE_CONNECTIONS_OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// How long a statement waits for another process's lock before failing with `SQLITE_BUSY`
 /// (answered as 503, which both providers retry).
@@ -94,7 +107,9 @@ fn apply_connection_pragmas(conn: &Connection, busy_timeout: Duration) -> rusqli
 /// schema applied. Through [`wal_vfs`], which hands each commit's WAL frames to the OS in one
 /// write.
 pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    let created = !path.exists();
     let conn = wal_vfs::open(path).map_err(|e| explain_open_failure(path, e))?;
+    count_write_connection();
     refuse_read_only(&conn, path)?;
     apply_connection_pragmas(&conn, busy_timeout)?;
     wal_vfs::check_full_sync(&conn)?;
@@ -107,6 +122,15 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
     // a large file behind for good.
     conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
     schema::migrate(&conn)?;
+    if created {
+        // SQLite syncs the directory when it creates the WAL, but not when it creates the
+        // database file itself: until the directory is synced, a power cut can take the file's
+        // name, and with it every commit a 2xx promised.
+        crate::durable::sync_parent(path).map_err(|e| StoreError::CannotOpen {
+            path: path.display().to_string(),
+            reason: format!("syncing its directory: {e}"),
+        })?;
+    }
     Ok(conn)
 }
 
@@ -184,6 +208,7 @@ pub fn open_existing(
     };
     let conn = Connection::open_with_flags(path, flags)?;
     if writable {
+        count_write_connection();
         refuse_read_only(&conn, path)?;
         apply_connection_pragmas(&conn, busy_timeout)?;
         schema::migrate(&conn)?;

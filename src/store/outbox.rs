@@ -67,155 +67,178 @@ fn in_write_transaction<T>(
     }
 }
 
-/// Claims up to `limit` due rows for `owner` until `now + lease`.
+/// What a relay asks for: up to `limit` due rows, held for `owner` until `now + lease`.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub owner: String,
+    pub lease_ms: i64,
+    pub limit: usize,
+}
+
+/// Claims due rows as `request` says, in its own transaction (a relay with a connection of its
+/// own: `sekali relay`).
 pub fn claim_due(
     conn: &Connection,
-    owner: &str,
+    request: &ClaimRequest,
     now_ms: i64,
-    lease_ms: i64,
-    limit: usize,
 ) -> Result<Vec<ClaimedEmail>, StoreError> {
-    let now = iso_millis(now_ms);
-    in_write_transaction(conn, || {
-        let mut claimed: Vec<ClaimedEmail> = conn
-            .prepare_cached(
-                "UPDATE email_outbox SET lease_owner = ?1, lease_until = ?2
-                 WHERE id IN (SELECT id FROM email_outbox
-                              WHERE status = 'pending' AND next_attempt_at <= ?3
-                                AND (lease_until IS NULL OR lease_until <= ?3)
-                              ORDER BY next_attempt_at, id LIMIT ?4)
-                 RETURNING id, order_id, recipient, template, params, idempotency_key, attempts,
-                           unixepoch(first_tried_at) * 1000",
-            )?
-            .query_map(
-                params![owner, iso_millis(now_ms + lease_ms), now, limit as i64],
-                |row| {
-                    Ok(ClaimedEmail {
-                        id: row.get(0)?,
-                        order_id: row.get(1)?,
-                        recipient: row.get(2)?,
-                        template: row.get(3)?,
-                        params: row.get(4)?,
-                        idempotency_key: row.get(5)?,
-                        attempts: row.get(6)?,
-                        first_tried_ms: row.get(7)?,
-                        locale: None,
-                    })
-                },
-            )?
-            .collect::<rusqlite::Result<_>>()?;
-        // Only a text locale counts: an order's metadata is the shop's JSON, and one row's odd
-        // value must not fail the claim of every row behind it (before this, a `"locale": 5`
-        // stopped all email).
-        let mut locale = conn.prepare_cached(
-            "SELECT CASE WHEN json_type(metadata, '$.locale') = 'text'
-                         THEN json_extract(metadata, '$.locale') END
-             FROM orders WHERE order_id = ?1 AND json_valid(metadata)",
-        )?;
-        for email in &mut claimed {
-            email.locale = locale
-                .query_row([&email.order_id], |row| row.get::<_, Option<String>>(0))
-                .optional()?
-                .flatten();
-        }
-        claimed.sort_by_key(|e| e.id);
-        Ok(claimed)
-    })
+    in_write_transaction(conn, || claim_due_in_transaction(conn, request, now_ms))
 }
 
-/// The transport confirmed the email. False when this relay no longer held the lease.
-pub fn mark_sent(conn: &Connection, id: i64, owner: &str, now_ms: i64) -> Result<bool, StoreError> {
-    let now = iso_millis(now_ms);
-    in_write_transaction(conn, || {
-        Ok(conn
-            .prepare_cached(
-                "UPDATE email_outbox SET status = 'sent', attempts = attempts + 1, sent_at = ?3,
-                        first_tried_at = coalesce(first_tried_at, ?3),
-                        next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL
-                 WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
-            )?
-            .execute(params![id, owner, now])?
-            == 1)
-    })
-}
-
-/// A failed try: due again at `retry_at_ms`, or `dead` when that is `None`. False when this
-/// relay no longer held the lease.
-pub fn mark_failed(
+/// Claims due rows inside the caller's transaction (the writer's batch, for the relay inside
+/// `serve`). One UPDATE claims them all.
+pub fn claim_due_in_transaction(
     conn: &Connection,
-    id: i64,
-    owner: &str,
+    request: &ClaimRequest,
     now_ms: i64,
-    error: &str,
-    retry_at_ms: Option<i64>,
-) -> Result<bool, StoreError> {
-    record_failure(conn, id, owner, now_ms, error, retry_at_ms, 1)
-}
-
-/// Not sent, and no try counted: the transport was unavailable (due again at `retry_at_ms`), or
-/// the row was withheld (`dead` when that is `None`). The error is kept. False when this relay
-/// no longer held the lease.
-pub fn mark_untried(
-    conn: &Connection,
-    id: i64,
-    owner: &str,
-    now_ms: i64,
-    error: &str,
-    retry_at_ms: Option<i64>,
-) -> Result<bool, StoreError> {
-    record_failure(conn, id, owner, now_ms, error, retry_at_ms, 0)
-}
-
-fn record_failure(
-    conn: &Connection,
-    id: i64,
-    owner: &str,
-    now_ms: i64,
-    error: &str,
-    retry_at_ms: Option<i64>,
-    tries: i64,
-) -> Result<bool, StoreError> {
+) -> rusqlite::Result<Vec<ClaimedEmail>> {
     let now = iso_millis(now_ms);
-    in_write_transaction(conn, || {
-        Ok(conn
-            .prepare_cached(
-                "UPDATE email_outbox SET attempts = attempts + ?6, last_error = ?4,
-                        first_tried_at = CASE WHEN ?6 > 0 THEN coalesce(first_tried_at, ?3)
-                                              ELSE first_tried_at END,
-                        status = CASE WHEN ?5 IS NULL THEN 'dead' ELSE 'pending' END,
-                        next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL
-                 WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
-            )?
-            .execute(params![
-                id,
-                owner,
+    let mut claimed: Vec<ClaimedEmail> = conn
+        .prepare_cached(
+            "UPDATE email_outbox SET lease_owner = ?1, lease_until = ?2
+             WHERE id IN (SELECT id FROM email_outbox
+                          WHERE status = 'pending' AND next_attempt_at <= ?3
+                            AND (lease_until IS NULL OR lease_until <= ?3)
+                          ORDER BY next_attempt_at, id LIMIT ?4)
+             RETURNING id, order_id, recipient, template, params, idempotency_key, attempts,
+                       unixepoch(first_tried_at) * 1000",
+        )?
+        .query_map(
+            params![
+                request.owner,
+                iso_millis(now_ms + request.lease_ms),
                 now,
-                error,
-                retry_at_ms.map(iso_millis),
-                tries
-            ])?
-            == 1)
+                request.limit as i64
+            ],
+            |row| {
+                Ok(ClaimedEmail {
+                    id: row.get(0)?,
+                    order_id: row.get(1)?,
+                    recipient: row.get(2)?,
+                    template: row.get(3)?,
+                    params: row.get(4)?,
+                    idempotency_key: row.get(5)?,
+                    attempts: row.get(6)?,
+                    first_tried_ms: row.get(7)?,
+                    locale: None,
+                })
+            },
+        )?
+        .collect::<rusqlite::Result<_>>()?;
+    // Only a text locale counts: an order's metadata is the shop's JSON, and one row's odd value
+    // must not fail the claim of every row behind it (before this, a `"locale": 5` stopped all
+    // email).
+    let mut locale = conn.prepare_cached(
+        "SELECT CASE WHEN json_type(metadata, '$.locale') = 'text'
+                     THEN json_extract(metadata, '$.locale') END
+         FROM orders WHERE order_id = ?1 AND json_valid(metadata)",
+    )?;
+    for email in &mut claimed {
+        email.locale = locale
+            .query_row([&email.order_id], |row| row.get::<_, Option<String>>(0))
+            .optional()?
+            .flatten();
+    }
+    claimed.sort_by_key(|e| e.id);
+    Ok(claimed)
+}
+
+/// What became of one claimed row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// The transport confirmed it.
+    Sent,
+    /// A counted try failed: due again at `retry_at_ms`, or `dead` when that is `None`.
+    Failed {
+        error: String,
+        retry_at_ms: Option<i64>,
+    },
+    /// Not sent and no try counted: the transport was unavailable (due again at `retry_at_ms`),
+    /// or the row was withheld (`dead` when that is `None`). The error is kept.
+    Untried {
+        error: String,
+        retry_at_ms: Option<i64>,
+    },
+    /// No recipient: nothing to send, visibly.
+    Skipped,
+}
+
+/// The outcome of row `id`, to record for the relay that claimed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendResult {
+    pub id: i64,
+    pub outcome: SendOutcome,
+}
+
+/// Records `results` for `owner` in one transaction of its own (`sekali relay`); see
+/// [`record_results_in_transaction`].
+pub fn record_results(
+    conn: &Connection,
+    owner: &str,
+    results: &[SendResult],
+    now_ms: i64,
+) -> Result<Vec<bool>, StoreError> {
+    in_write_transaction(conn, || {
+        record_results_in_transaction(conn, owner, results, now_ms)
     })
 }
 
-/// No recipient: nothing to send, visibly.
-pub fn mark_skipped(
+/// Records every result of a relay's batch inside the caller's transaction: one commit (and one
+/// fsync) for the batch, not one per row. A result is recorded only while `owner` still holds
+/// the row's lease; the answer says, per result, whether it was (false: the lease ran out and
+/// another relay may have the row).
+pub fn record_results_in_transaction(
     conn: &Connection,
-    id: i64,
     owner: &str,
+    results: &[SendResult],
     now_ms: i64,
-) -> Result<bool, StoreError> {
+) -> rusqlite::Result<Vec<bool>> {
     let now = iso_millis(now_ms);
-    in_write_transaction(conn, || {
-        Ok(conn
-            .prepare_cached(
-                "UPDATE email_outbox SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
-                        lease_until = NULL, last_error = 'no recipient address'
-                 WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
-            )?
-            .execute(params![id, owner, now])?
-            == 1)
-    })
+    let mut sent = conn.prepare_cached(
+        "UPDATE email_outbox SET status = 'sent', attempts = attempts + 1, sent_at = ?3,
+                first_tried_at = coalesce(first_tried_at, ?3),
+                next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL
+         WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
+    )?;
+    let mut failed = conn.prepare_cached(
+        "UPDATE email_outbox SET attempts = attempts + ?6, last_error = ?4,
+                first_tried_at = CASE WHEN ?6 > 0 THEN coalesce(first_tried_at, ?3)
+                                      ELSE first_tried_at END,
+                status = CASE WHEN ?5 IS NULL THEN 'dead' ELSE 'pending' END,
+                next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL
+         WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
+    )?;
+    let mut skipped = conn.prepare_cached(
+        "UPDATE email_outbox SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
+                lease_until = NULL, last_error = 'no recipient address'
+         WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
+    )?;
+    results
+        .iter()
+        .map(|result| {
+            let changed = match &result.outcome {
+                SendOutcome::Sent => sent.execute(params![result.id, owner, now])?,
+                SendOutcome::Failed { error, retry_at_ms } => failed.execute(params![
+                    result.id,
+                    owner,
+                    now,
+                    error,
+                    retry_at_ms.map(iso_millis),
+                    1
+                ])?,
+                SendOutcome::Untried { error, retry_at_ms } => failed.execute(params![
+                    result.id,
+                    owner,
+                    now,
+                    error,
+                    retry_at_ms.map(iso_millis),
+                    0
+                ])?,
+                SendOutcome::Skipped => skipped.execute(params![result.id, owner, now])?,
+            };
+            Ok(changed == 1)
+        })
+        .collect()
 }
 
 /// A dead row back to pending, due now, with its attempts reset. False if it was not dead.

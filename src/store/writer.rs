@@ -11,14 +11,22 @@
 //! delivery through the same code.
 //!
 //! Invariant: a delivery's answer is `Ok` only if the COMMIT that contains it succeeded.
+//!
+//! The outbox relay inside `serve` writes through the same thread: its claims and its results
+//! are units of work in the batch, so they share the deliveries' commit (one fsync) instead of
+//! fighting them for SQLite's write lock. Webhooks keep priority: a claim that arrives while the
+//! writer is busy (deliveries at [`BUSY_DELIVERIES_PER_SEC`] or more, lately) waits until it is
+//! not, or at most [`CLAIM_MAX_DEFER`], and is then served with at most [`CLAIM_UNDER_LOAD`]
+//! rows. So under saturating load the relay trickles, no delivery waits behind more than one
+//! small claim, and once the load ends the relay drains at full speed.
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -26,6 +34,7 @@ use tracing::Span;
 
 use super::events::{record_event_and_apply, Outcome, Retention};
 use super::idempotency::{run_idempotent, IdempotentOutcome, IdempotentRequest};
+use super::outbox::{self, ClaimRequest, ClaimedEmail, SendResult};
 use super::statements::Statements;
 use super::{open_for_writing, purge, StoreError};
 use crate::clock::SharedClock;
@@ -58,10 +67,70 @@ pub enum WriteError {
 
 type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
 
+/// The writer is busy when it has committed deliveries at this rate or more over the last
+/// [`BUSY_WINDOW`]: relay claims then wait. A third of what this kind of machine carries, far
+/// above what a shop's providers send for long.
+pub const BUSY_DELIVERIES_PER_SEC: usize = 10_000;
+/// How far back the writer looks to tell whether it is busy.
+pub const BUSY_WINDOW: Duration = Duration::from_millis(100);
+/// The longest a relay claim waits for the writer not to be busy.
+pub const CLAIM_MAX_DEFER: Duration = Duration::from_secs(10);
+/// The most rows a claim that waited out [`CLAIM_MAX_DEFER`] gets, while the writer is busy.
+pub const CLAIM_UNDER_LOAD: usize = 64;
+
 /// One unit of work for its own savepoint in a batch, with the span of the request that sent it.
 struct RecordJob {
     work: Work,
     span: Span,
+}
+
+/// What the writer has done since it started: for `/healthz`, and for tests that must know that
+/// deliveries shared a transaction.
+#[derive(Debug, Default)]
+pub struct WriterCounters {
+    transactions: AtomicU64,
+    deliveries: AtomicU64,
+    outbox_claims: AtomicU64,
+    outbox_claimed_rows: AtomicU64,
+    outbox_result_batches: AtomicU64,
+    outbox_results: AtomicU64,
+    reopens: AtomicU64,
+}
+
+/// A reading of [`WriterCounters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct WriterStats {
+    /// Write transactions committed.
+    pub transactions: u64,
+    /// Deliveries committed (duplicates included).
+    pub deliveries: u64,
+    /// Relay claims served, and the rows they claimed.
+    pub outbox_claims: u64,
+    pub outbox_claimed_rows: u64,
+    /// Batches of relay results recorded, and the results in them.
+    pub outbox_result_batches: u64,
+    pub outbox_results: u64,
+    /// Times the writer replaced its connection (a panic, an I/O fault).
+    pub reopens: u64,
+}
+
+impl WriterCounters {
+    fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> WriterStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        WriterStats {
+            transactions: get(&self.transactions),
+            deliveries: get(&self.deliveries),
+            outbox_claims: get(&self.outbox_claims),
+            outbox_claimed_rows: get(&self.outbox_claimed_rows),
+            outbox_result_batches: get(&self.outbox_result_batches),
+            outbox_results: get(&self.outbox_results),
+            reopens: get(&self.reopens),
+        }
+    }
 }
 
 enum Work {
@@ -76,6 +145,17 @@ enum Work {
         request: IdempotentRequest,
         reply: Reply<IdempotentOutcome>,
     },
+    /// The relay inside `serve` claiming due outbox rows.
+    OutboxClaim {
+        request: ClaimRequest,
+        reply: Reply<Vec<ClaimedEmail>>,
+    },
+    /// The relay inside `serve` recording the results of a batch it sent.
+    OutboxResults {
+        owner: String,
+        results: Vec<SendResult>,
+        reply: Reply<Vec<bool>>,
+    },
 }
 
 impl Work {
@@ -86,7 +166,17 @@ impl Work {
             Work::Idempotent { reply, .. } => {
                 Done::Idempotent(reply, Err(transaction_lost())).answer()
             }
+            Work::OutboxClaim { reply, .. } => {
+                Done::OutboxClaim(reply, Err(transaction_lost())).answer()
+            }
+            Work::OutboxResults { reply, .. } => {
+                Done::OutboxResults(reply, Err(transaction_lost())).answer()
+            }
         }
+    }
+
+    fn is_delivery(&self) -> bool {
+        matches!(self, Work::Delivery { .. })
     }
 }
 
@@ -97,6 +187,11 @@ enum Done {
         Reply<IdempotentOutcome>,
         Result<IdempotentOutcome, StoreError>,
     ),
+    OutboxClaim(
+        Reply<Vec<ClaimedEmail>>,
+        Result<Vec<ClaimedEmail>, StoreError>,
+    ),
+    OutboxResults(Reply<Vec<bool>>, Result<Vec<bool>, StoreError>),
 }
 
 impl Done {
@@ -106,6 +201,10 @@ impl Done {
         match self {
             Done::Delivery(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
             Done::Idempotent(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
+            Done::OutboxClaim(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
+            Done::OutboxResults(reply, result) => {
+                drop(reply.send(result.map_err(WriteError::from)))
+            }
         }
     }
 
@@ -114,6 +213,28 @@ impl Done {
         match self {
             Done::Delivery(reply, _) => Done::Delivery(reply, Err(transaction_lost())).answer(),
             Done::Idempotent(reply, _) => Done::Idempotent(reply, Err(transaction_lost())).answer(),
+            Done::OutboxClaim(reply, _) => {
+                Done::OutboxClaim(reply, Err(transaction_lost())).answer()
+            }
+            Done::OutboxResults(reply, _) => {
+                Done::OutboxResults(reply, Err(transaction_lost())).answer()
+            }
+        }
+    }
+
+    /// Counts what this committed work did.
+    fn count(&self, counters: &WriterCounters) {
+        match self {
+            Done::Delivery(_, Ok(_)) => WriterCounters::add(&counters.deliveries, 1),
+            Done::OutboxClaim(_, Ok(rows)) => {
+                WriterCounters::add(&counters.outbox_claims, 1);
+                WriterCounters::add(&counters.outbox_claimed_rows, rows.len());
+            }
+            Done::OutboxResults(_, Ok(recorded)) => {
+                WriterCounters::add(&counters.outbox_result_batches, 1);
+                WriterCounters::add(&counters.outbox_results, recorded.len());
+            }
+            _ => {}
         }
     }
 }
@@ -132,7 +253,7 @@ enum Job {
 pub struct Writer {
     queue: SyncSender<Job>,
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
-    reopens: Arc<AtomicU64>,
+    counters: Arc<WriterCounters>,
 }
 
 impl Writer {
@@ -141,23 +262,28 @@ impl Writer {
         // Open once here so a bad path or a too-new schema fails startup, not the first delivery.
         let conn = open_writer_connection(&config)?;
         let (queue, jobs) = mpsc::sync_channel(config.queue_capacity.max(1));
-        let reopens = Arc::new(AtomicU64::new(0));
-        let counter = reopens.clone();
+        let counters = Arc::new(WriterCounters::default());
+        let shared = counters.clone();
         let thread = std::thread::Builder::new()
             .name("sekali-writer".into())
-            .spawn(move || run(conn, jobs, config, clock, &counter))
+            .spawn(move || run(conn, jobs, config, clock, &shared))
             .expect("spawning the writer thread");
         Ok(Writer {
             queue,
             thread: Arc::new(Mutex::new(Some(thread))),
-            reopens,
+            counters,
         })
     }
 
     /// How many times the writer has replaced its connection since it started (after a panic
     /// or a connection fault such as an I/O error). Reported by `/healthz`.
     pub fn reopens(&self) -> u64 {
-        self.reopens.load(Ordering::Relaxed)
+        self.counters.reopens.load(Ordering::Relaxed)
+    }
+
+    /// What the writer has done since it started.
+    pub fn stats(&self) -> WriterStats {
+        self.counters.read()
     }
 
     /// Claims `event` and applies its effects; resolves after the COMMIT that contains it.
@@ -194,6 +320,58 @@ impl Writer {
         answer.await.unwrap_or(Err(WriteError::WriterGone))
     }
 
+    /// Claims due outbox rows for the relay inside `serve`, in the writer's transaction; resolves
+    /// after its COMMIT. While the writer is busy with deliveries, the claim waits (see the
+    /// module docs).
+    pub async fn claim_outbox(
+        &self,
+        request: ClaimRequest,
+    ) -> Result<Vec<ClaimedEmail>, WriteError> {
+        let (reply, answer) = oneshot::channel();
+        let job = RecordJob {
+            work: Work::OutboxClaim { request, reply },
+            span: Span::current(),
+        };
+        self.submit_waiting(Job::Record(Box::new(job))).await?;
+        answer.await.unwrap_or(Err(WriteError::WriterGone))
+    }
+
+    /// Records the results of a batch the relay inside `serve` sent, all in one of the writer's
+    /// transactions; resolves after its COMMIT with, per result, whether `owner` still held the
+    /// row's lease.
+    pub async fn record_outbox_results(
+        &self,
+        owner: String,
+        results: Vec<SendResult>,
+    ) -> Result<Vec<bool>, WriteError> {
+        let (reply, answer) = oneshot::channel();
+        let job = RecordJob {
+            work: Work::OutboxResults {
+                owner,
+                results,
+                reply,
+            },
+            span: Span::current(),
+        };
+        self.submit_waiting(Job::Record(Box::new(job))).await?;
+        answer.await.unwrap_or(Err(WriteError::WriterGone))
+    }
+
+    /// Like `submit`, but the relay's work does not take a full queue's refusal as an answer:
+    /// it waits for room, a little at a time, so deliveries keep the queue's places.
+    async fn submit_waiting(&self, mut job: Job) -> Result<(), WriteError> {
+        loop {
+            match self.queue.try_send(job) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Full(returned)) => {
+                    job = returned;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(TrySendError::Disconnected(_)) => return Err(WriteError::WriterGone),
+            }
+        }
+    }
+
     /// Deletes up to `limit` expired event ids and idempotency keys in one transaction.
     pub async fn purge_batch(&self, limit: usize) -> Result<purge::Purged, WriteError> {
         let (reply, answer) = oneshot::channel();
@@ -218,20 +396,46 @@ impl Writer {
     }
 }
 
+/// "Now", read once per batch.
+#[derive(Debug, Clone, Copy)]
+struct Now {
+    unix: i64,
+    millis: i64,
+}
+
+impl Now {
+    fn of(clock: &SharedClock) -> Now {
+        let millis = clock.now_millis();
+        Now {
+            unix: clock.now_unix(),
+            millis,
+        }
+    }
+}
+
 fn run(
     mut conn: Connection,
     jobs: Receiver<Job>,
     config: WriterConfig,
     clock: SharedClock,
-    reopens: &AtomicU64,
+    counters: &WriterCounters,
 ) {
     let batch_max = config.batch_max.max(1);
     let mut batch = Vec::with_capacity(batch_max);
+    // Relay claims waiting for the writer not to be busy, with when each arrived.
+    let mut waiting_claims: Vec<(RecordJob, Instant)> = Vec::new();
+    // Deliveries per batch over the last BUSY_WINDOW, to tell a busy writer.
+    let mut recent = RecentDeliveries::default();
     let mut shutting_down = false;
     while !shutting_down {
-        match jobs.recv() {
+        let received = match waiting_claims.first() {
+            None => jobs.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some((_, since)) => jobs.recv_timeout(CLAIM_MAX_DEFER.saturating_sub(since.elapsed())),
+        };
+        match received {
             Ok(job) => batch.push(job),
-            Err(_) => break, // every handle dropped
+            Err(RecvTimeoutError::Timeout) => {} // a waiting claim's time is up
+            Err(RecvTimeoutError::Disconnected) => break, // every handle dropped
         }
         // Take what is already queued, without waiting for more.
         while batch.len() < batch_max {
@@ -244,18 +448,37 @@ fn run(
         let mut others = Vec::new();
         for job in batch.drain(..) {
             match job {
+                Job::Record(record) if matches!(record.work, Work::OutboxClaim { .. }) => {
+                    waiting_claims.push((*record, Instant::now()))
+                }
                 Job::Record(record) => records.push(*record),
                 Job::Shutdown => shutting_down = true,
                 other => others.push(other),
             }
         }
+        let busy = recent.add(
+            Instant::now(),
+            records.iter().filter(|job| job.work.is_delivery()).count(),
+        );
+        for (mut claim, since) in std::mem::take(&mut waiting_claims) {
+            if !busy {
+                records.push(claim);
+            } else if since.elapsed() >= CLAIM_MAX_DEFER || shutting_down {
+                if let Work::OutboxClaim { request, .. } = &mut claim.work {
+                    request.limit = request.limit.min(CLAIM_UNDER_LOAD);
+                }
+                records.push(claim);
+            } else {
+                waiting_claims.push((claim, since));
+            }
+        }
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
             if !records.is_empty()
-                && commit_batch(&conn, records, clock.now_unix(), &config.retention)
+                && commit_batch(&conn, records, Now::of(&clock), &config.retention, counters)
             {
                 tracing::error!("the write connection failed; reopening it");
                 conn = reopen(&config);
-                reopens.fetch_add(1, Ordering::Relaxed);
+                counters.reopens.fetch_add(1, Ordering::Relaxed);
             }
             for job in others {
                 if let Job::PurgeBatch { limit, reply } = job {
@@ -271,17 +494,54 @@ fn run(
             tracing::error!("the writer panicked; reopening its connection");
             let _ = conn.execute_batch("ROLLBACK");
             conn = reopen(&config);
-            reopens.fetch_add(1, Ordering::Relaxed);
+            counters.reopens.fetch_add(1, Ordering::Relaxed);
         }
     }
     // Commit what was queued behind the shutdown request. Anything sent after this loop is
     // dropped with the receiver, so its caller gets WriterGone (503), never silence.
-    while let Ok(job) = jobs.try_recv() {
-        if let Job::Record(record) = job {
-            let _ = commit_batch(&conn, vec![*record], clock.now_unix(), &config.retention);
-        }
+    let leftovers: Vec<RecordJob> = waiting_claims
+        .into_iter()
+        .map(|(claim, _)| claim)
+        .chain(jobs.try_iter().filter_map(|job| match job {
+            Job::Record(record) => Some(*record),
+            _ => None,
+        }))
+        .collect();
+    for record in leftovers {
+        let _ = commit_batch(
+            &conn,
+            vec![record],
+            Now::of(&clock),
+            &config.retention,
+            counters,
+        );
     }
     tracing::debug!("writer stopped");
+}
+
+/// The deliveries of the batches of the last [`BUSY_WINDOW`].
+#[derive(Default)]
+struct RecentDeliveries {
+    batches: std::collections::VecDeque<(Instant, usize)>,
+    total: usize,
+}
+
+impl RecentDeliveries {
+    /// Counts a batch of `deliveries` committed at `now`; true when the writer is busy (see the
+    /// module docs).
+    fn add(&mut self, now: Instant, deliveries: usize) -> bool {
+        self.batches.push_back((now, deliveries));
+        self.total += deliveries;
+        while let Some(&(at, n)) = self.batches.front() {
+            if now.duration_since(at) <= BUSY_WINDOW {
+                break;
+            }
+            self.batches.pop_front();
+            self.total -= n;
+        }
+        let window_ms = BUSY_WINDOW.as_millis() as usize;
+        self.total * 1000 >= BUSY_DELIVERIES_PER_SEC * window_ms
+    }
 }
 
 fn open_writer_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
@@ -332,17 +592,24 @@ fn reopen(config: &WriterConfig) -> Connection {
 fn commit_batch(
     conn: &Connection,
     mut records: Vec<RecordJob>,
-    now_unix: i64,
+    now: Now,
     retention: &Retention,
+    counters: &WriterCounters,
 ) -> bool {
-    // Stable: deliveries keep their order, and come before API work.
-    records.sort_by_key(|job| matches!(job.work, Work::Idempotent { .. }));
+    // Stable: deliveries keep their order, and come before API and relay work, which are
+    // ordered so that a claim comes last and sees the results recorded before it.
+    records.sort_by_key(|job| match job.work {
+        Work::Delivery { .. } => 0,
+        Work::Idempotent { .. } => 1,
+        Work::OutboxResults { .. } => 2,
+        Work::OutboxClaim { .. } => 3,
+    });
     let deliveries = records
         .iter()
-        .take_while(|job| matches!(job.work, Work::Delivery { .. }))
+        .take_while(|job| job.work.is_delivery())
         .count();
     if deliveries == 0 {
-        return commit_with_savepoints(conn, records, now_unix, retention);
+        return commit_with_savepoints(conn, records, now, retention, counters);
     }
     if let Err(reopen) = begin(conn) {
         records.into_iter().for_each(|job| job.work.fail());
@@ -356,12 +623,12 @@ fn commit_batch(
         };
         let result = job
             .span
-            .in_scope(|| record_event_and_apply(&mut db, event, payload, now_unix, retention));
+            .in_scope(|| record_event_and_apply(&mut db, event, payload, now.unix, retention));
         match result {
             Ok(outcome) => outcomes.push(outcome),
             Err(e) => {
                 drop(db);
-                return rerun_without(conn, records, index, e, now_unix, retention);
+                return rerun_without(conn, records, index, e, now, retention, counters);
             }
         }
     }
@@ -375,7 +642,7 @@ fn commit_batch(
         };
         done.push(Done::Delivery(reply, Ok(outcome)));
     }
-    finish_in_savepoints(conn, db, rest, done, now_unix, retention)
+    finish_in_savepoints(conn, db, rest, done, now, retention, counters)
 }
 
 /// The optimistic pass of [`commit_batch`] failed at `records[failed]` with `error`: roll back,
@@ -385,8 +652,9 @@ fn rerun_without(
     mut records: Vec<RecordJob>,
     failed: usize,
     error: StoreError,
-    now_unix: i64,
+    now: Now,
     retention: &Retention,
+    counters: &WriterCounters,
 ) -> bool {
     let poisoned = records.remove(failed);
     if conn.is_autocommit() {
@@ -416,7 +684,7 @@ fn rerun_without(
         deliveries = records.len(),
         "rerunning the rest of the batch with a savepoint each"
     );
-    commit_with_savepoints(conn, records, now_unix, retention)
+    commit_with_savepoints(conn, records, now, retention, counters)
 }
 
 /// The transaction is lost (`broken` says why): roll back what is left and answer 503 to all of
@@ -437,8 +705,9 @@ fn abandon(conn: &Connection, done: Vec<Done>, broken: StoreError) -> bool {
 fn commit_with_savepoints(
     conn: &Connection,
     records: Vec<RecordJob>,
-    now_unix: i64,
+    now: Now,
     retention: &Retention,
+    counters: &WriterCounters,
 ) -> bool {
     if let Err(reopen) = begin(conn) {
         records.into_iter().for_each(|job| job.work.fail());
@@ -450,8 +719,9 @@ fn commit_with_savepoints(
         Statements::new(conn),
         records,
         done,
-        now_unix,
+        now,
         retention,
+        counters,
     )
 }
 
@@ -462,11 +732,12 @@ fn finish_in_savepoints(
     mut db: Statements<'_>,
     jobs: impl IntoIterator<Item = RecordJob>,
     mut done: Vec<Done>,
-    now_unix: i64,
+    now: Now,
     retention: &Retention,
+    counters: &WriterCounters,
 ) -> bool {
     for RecordJob { work, span } in jobs {
-        let (finished, broken) = span.in_scope(|| run_work(&mut db, work, now_unix, retention));
+        let (finished, broken) = span.in_scope(|| run_work(&mut db, work, now, retention));
         done.push(finished);
         if let Some(broken) = broken {
             drop(db);
@@ -474,7 +745,7 @@ fn finish_in_savepoints(
         }
     }
     drop(db);
-    commit_and_answer(conn, done)
+    commit_and_answer(conn, done, counters)
 }
 
 /// Opens the batch's write transaction. `Err(reopen)` when it did not open: the caller answers
@@ -494,7 +765,7 @@ fn begin(conn: &Connection) -> Result<(), bool> {
 
 /// COMMITs the open transaction holding `done`, then answers each; 503 to all if it fails.
 /// Returns true when the connection should be reopened.
-fn commit_and_answer(conn: &Connection, done: Vec<Done>) -> bool {
+fn commit_and_answer(conn: &Connection, done: Vec<Done>, counters: &WriterCounters) -> bool {
     if fault_injected("writer::before_commit") {
         let _ = conn.execute_batch("ROLLBACK");
         done.into_iter().for_each(Done::fail);
@@ -514,6 +785,8 @@ fn commit_and_answer(conn: &Connection, done: Vec<Done>) -> bool {
         done.into_iter().for_each(Done::fail);
         return broken;
     }
+    WriterCounters::add(&counters.transactions, 1);
+    done.iter().for_each(|d| d.count(counters));
     if fault_injected("writer::after_commit") {
         // Committed, but the answers are lost, as when the process dies right after COMMIT:
         // the callers get 503 and the provider's redelivery is answered as a duplicate.
@@ -528,9 +801,10 @@ fn commit_and_answer(conn: &Connection, done: Vec<Done>) -> bool {
 fn run_work(
     db: &mut Statements<'_>,
     work: Work,
-    now_unix: i64,
+    now: Now,
     retention: &Retention,
 ) -> (Done, Option<StoreError>) {
+    let now_unix = now.unix;
     match work {
         Work::Delivery {
             event,
@@ -567,6 +841,59 @@ fn run_work(
                 }
                 Err(broken) => (
                     Done::Idempotent(reply, Err(transaction_lost())),
+                    Some(broken),
+                ),
+            }
+        }
+        Work::OutboxClaim { request, reply } => {
+            match in_savepoint(
+                db,
+                |db| {
+                    Ok(outbox::claim_due_in_transaction(
+                        db.conn(),
+                        &request,
+                        now.millis,
+                    )?)
+                },
+                |_| true,
+            ) {
+                Ok(result) => {
+                    if let Err(e) = &result {
+                        tracing::warn!(error = ?e, "the relay's claim failed and was rolled back alone");
+                    }
+                    (Done::OutboxClaim(reply, result), None)
+                }
+                Err(broken) => (
+                    Done::OutboxClaim(reply, Err(transaction_lost())),
+                    Some(broken),
+                ),
+            }
+        }
+        Work::OutboxResults {
+            owner,
+            results,
+            reply,
+        } => {
+            match in_savepoint(
+                db,
+                |db| {
+                    Ok(outbox::record_results_in_transaction(
+                        db.conn(),
+                        &owner,
+                        &results,
+                        now.millis,
+                    )?)
+                },
+                |_| true,
+            ) {
+                Ok(result) => {
+                    if let Err(e) = &result {
+                        tracing::warn!(error = ?e, "recording the relay's results failed and was rolled back alone");
+                    }
+                    (Done::OutboxResults(reply, result), None)
+                }
+                Err(broken) => (
+                    Done::OutboxResults(reply, Err(transaction_lost())),
                     Some(broken),
                 ),
             }
@@ -640,4 +967,24 @@ fn injected_io_error() -> rusqlite::Error {
 fn fault_injected(_name: &'static str) -> bool {
     fail::fail_point!(_name, |_| true);
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_writer_is_busy_while_deliveries_come_at_the_busy_rate_and_not_after() {
+        let mut recent = RecentDeliveries::default();
+        let start = Instant::now();
+        // 10,000/s over the 100 ms window is 1,000 deliveries: 999 are not busy, 1,000 are.
+        assert!(!recent.add(start, 999));
+        assert!(recent.add(start + Duration::from_millis(50), 1));
+        // Once the window has passed them, the same batches count for nothing.
+        assert!(!recent.add(start + Duration::from_millis(151), 0));
+        // A trickle never makes it busy.
+        for ms in 0..200 {
+            assert!(!recent.add(start + Duration::from_millis(200 + ms), 5));
+        }
+    }
 }

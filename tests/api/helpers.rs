@@ -28,6 +28,8 @@ pub struct TestApp {
     pub db_path: PathBuf,
     pub clock: Arc<ManualClock>,
     pub client: awc::Client,
+    /// The server's writer, for a relay that writes through it as the one inside `serve` does.
+    pub writer: sekali::store::Writer,
     handle: ServerHandle,
     _dir: TempDir,
 }
@@ -54,6 +56,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let app = Application::build(settings, clock.clone()).expect("the app builds");
     let port = app.port();
     let handle = app.handle();
+    let writer = app.writer();
     actix_web::rt::spawn(app.run_until_stopped());
     TestApp {
         address: format!("http://127.0.0.1:{port}"),
@@ -63,6 +66,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
         client: awc::Client::builder()
             .timeout(Duration::from_secs(30))
             .finish(),
+        writer,
         handle,
         _dir: dir,
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use futures_util::future::join_all;
 use secrecy::SecretString;
-use sekali::jobs::relay::{spawn_relay, RelayConfig};
+use sekali::jobs::relay::{spawn_relay, Queue, RelayConfig};
 use sekali::mail::transport::MailConfig;
 use tokio_util::sync::CancellationToken;
 
@@ -165,9 +165,11 @@ impl Drop for RunningRelay {
     }
 }
 
+/// A relay that writes through the app's writer, as the one inside `serve` does.
 fn start_relay(app: &TestApp, config: RelayConfig, mail: MailConfig) -> RunningRelay {
     let stop = CancellationToken::new();
-    let thread = spawn_relay(config, mail, app.clock.clone(), stop.clone());
+    let queue = Queue::Writer(app.writer.clone());
+    let thread = spawn_relay(config, mail, app.clock.clone(), stop.clone(), queue);
     RunningRelay {
         stop,
         thread: Some(thread),
@@ -1157,4 +1159,134 @@ async fn two_relays_on_one_database_never_send_a_row_twice() {
         per_key.values().all(|n| *n == 1),
         "a row was sent by both relays"
     );
+}
+
+/// Delivers `count` distinct Stripe payments through `base` (a served URL), 32 at a time.
+fn deliver_over_http(base: &str, count: usize) {
+    let url = format!("{base}/webhooks/stripe");
+    for chunk in (0..count).collect::<Vec<_>>().chunks(32) {
+        let threads: Vec<_> = chunk
+            .iter()
+            .map(|&n| {
+                let url = url.clone();
+                std::thread::spawn(move || {
+                    let body = succeeded_for(n, &format!("c{n}@example.com"));
+                    let header = stripe_header(&body, sekali::clock::SystemClock.now_unix());
+                    ureq::post(&url)
+                        .set("Stripe-Signature", &header)
+                        .set("Content-Type", "application/json")
+                        .send_bytes(&body)
+                        .unwrap()
+                        .status()
+                })
+            })
+            .collect();
+        for thread in threads {
+            assert_eq!(thread.join().unwrap(), 200);
+        }
+    }
+}
+
+/// Fails on the version whose relay opened a write connection of its own and recorded each
+/// row in a transaction of its own: it fought the writer for SQLite's lock and paid an fsync
+/// per email.
+#[test]
+fn serve_sends_every_email_through_its_one_write_connection_recording_results_in_batches() {
+    let server = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
+    deliver_over_http(&server.base_url(), 300);
+    let conn = rusqlite::Connection::open(server.db_path()).unwrap();
+    let sent = || -> i64 {
+        conn.query_row(
+            "SELECT count(*) FROM email_outbox WHERE status = 'sent'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while sent() < 300 {
+        assert!(std::time::Instant::now() < deadline, "only {} sent", sent());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let health: serde_json::Value = serde_json::from_str(
+        &ureq::get(&format!("{}/healthz", server.base_url()))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(health["write_connections_opened"], 1, "{health}");
+    let writer = &health["writer"];
+    assert_eq!(writer["deliveries"], 300, "{health}");
+    assert_eq!(writer["outbox_results"], 300, "{health}");
+    assert_eq!(writer["outbox_claimed_rows"], 300, "{health}");
+    let batches = writer["outbox_result_batches"].as_u64().unwrap();
+    assert!(
+        (1..=30).contains(&batches),
+        "300 results in {batches} batches: {health}"
+    );
+    let emails = std::fs::read_dir(server.db_path().parent().unwrap().join("mail"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".eml"))
+        .count();
+    assert_eq!(emails, 300);
+}
+
+/// Watches `sent` rows rise while a relay sends 64 pending rows: every count a reader sees.
+fn counts_seen_while_sending(db: &Path, until: i64) -> std::collections::BTreeSet<i64> {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let sent: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM email_outbox WHERE status = 'sent'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        seen.insert(sent);
+        if sent == until {
+            return seen;
+        }
+        assert!(std::time::Instant::now() < deadline, "{seen:?}");
+    }
+}
+
+/// Fails on the version that committed each row's result alone: a reader saw the batch's rows
+/// turn `sent` one by one (one fsync each). `sekali relay`, on its own connection, records a
+/// batch in one transaction too. With the HTTP API a batch is 32 rows, so a reader sees 0, 32
+/// and 64 sent, and nothing in between.
+#[actix_web::test]
+async fn a_reader_sees_a_batch_of_results_commit_at_once_for_sekali_relay_and_for_serve() {
+    for through_the_writer in [false, true] {
+        let app = spawn_app().await;
+        deliver_many(&app, 64).await;
+        let mock = spawn_mock(always(200)).await;
+        let db = app.db_path.clone();
+        let watcher = std::thread::spawn(move || counts_seen_while_sending(&db, 64));
+        let mut child = None;
+        let _relay = if through_the_writer {
+            let mut config = relay_config(&app.db_path);
+            config.batch = sekali::jobs::relay::NETWORK_BATCH;
+            Some(start_relay(&app, config, http_mail(&mock.url)))
+        } else {
+            child = Some(spawn_relay_process(&app.db_path, &mock.url));
+            None
+        };
+        let seen = actix_web::rt::task::spawn_blocking(move || watcher.join().unwrap())
+            .await
+            .unwrap();
+        if let Some(mut child) = child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // (Through the writer, two batches' results can share a commit: 0 and 64 only.)
+        assert!(
+            seen.iter().all(|sent| sent % 32 == 0),
+            "through the writer: {through_the_writer}: {seen:?}"
+        );
+    }
 }

@@ -1,0 +1,107 @@
+//! `cargo bench --bench email`: what one customer email costs the relay, phase by phase, on one
+//! core: rendering the templates (minijinja, the amount by ICU4X's CLDR data), building the
+//! RFC 5322 message (lettre), and writing a batch of `.eml` files durably (temporary names, one
+//! syncfs or an fsync each, renames, one directory fsync). SEKALI_BENCH_EMAILS (default 20000)
+//! emails, in batches of the relay's file batch.
+
+use std::time::{Duration, Instant};
+
+use sekali::jobs::relay::FILE_BATCH;
+use sekali::mail::transport::{message_bytes, write_eml_batch, DirSync};
+use sekali::mail::{render, RenderedEmail};
+use sekali::store::outbox::ClaimedEmail;
+
+fn claimed(i: usize) -> ClaimedEmail {
+    let (amount, currency) = match i % 3 {
+        0 => (15_000_000, "IDR"),
+        1 => (2500, "usd"),
+        _ => (5000, "jpy"),
+    };
+    ClaimedEmail {
+        id: i as i64,
+        order_id: format!("ord_bench_{i:06}"),
+        recipient: Some(format!("customer{i}@example.com")),
+        template: ["receipt", "refund_notice", "payment_failed"][i % 3].into(),
+        params: format!(
+            r#"{{"amount":{amount},"currency":"{currency}","event_id":"evt_{i}","exponent":{},"order_id":"ord_bench_{i:06}","provider":"stripe","refunded_amount":1000,"refunded_currency":"{currency}","status":"paid"}}"#,
+            if currency == "jpy" { 0 } else { 2 }
+        ),
+        idempotency_key: format!("{:064x}", i),
+        attempts: 0,
+        first_tried_ms: None,
+        locale: None,
+    }
+}
+
+fn per_email(label: &str, elapsed: Duration, n: usize) {
+    println!(
+        "{label:<44} {:>8.1} µs per email   {:>9.0} emails/s",
+        elapsed.as_secs_f64() * 1e6 / n as f64,
+        n as f64 / elapsed.as_secs_f64()
+    );
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let n: usize = std::env::var("SEKALI_BENCH_EMAILS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let rows: Vec<ClaimedEmail> = (0..n).map(claimed).collect();
+
+    let started = Instant::now();
+    let rendered: Vec<RenderedEmail> = rows
+        .iter()
+        .map(|row| render(row, "Toko Sari <shop@toko.example>").unwrap())
+        .collect();
+    per_email(
+        "render (text + html, amount, subject)",
+        started.elapsed(),
+        n,
+    );
+
+    let started = Instant::now();
+    let files: Vec<(String, Vec<u8>)> = rendered
+        .iter()
+        .map(|email| (email.idempotency_key.clone(), message_bytes(email).unwrap()))
+        .collect();
+    per_email("build the message (lettre, MIME)", started.elapsed(), n);
+    let bytes: usize = files.iter().map(|(_, b)| b.len()).sum();
+    println!(
+        "{:<44} {:>8.0} bytes per email",
+        "message size",
+        bytes as f64 / n as f64
+    );
+
+    let batch_size: usize = std::env::var("SEKALI_BENCH_FILE_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(FILE_BATCH);
+    for sync in [DirSync::FileSystem, DirSync::EachFile] {
+        // Kept, not deleted: on a file system mounted with `discard`, deleting 20,000 files
+        // slows whatever writes next (here, the next configuration).
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap()
+            .keep();
+        let dir = &dir;
+        // The benchmark's own sync choice, whatever the file system: the line says which.
+        let started = Instant::now();
+        for batch in files.chunks(batch_size) {
+            for result in write_eml_batch(dir, batch, sync) {
+                result.unwrap();
+            }
+        }
+        per_email(
+            &format!("write .eml durably, {}", sync.as_str()),
+            started.elapsed(),
+            n,
+        );
+        println!(
+            "{:<44} {}",
+            "  (the mail directory's file system gets)",
+            DirSync::for_dir(dir).as_str()
+        );
+    }
+}
