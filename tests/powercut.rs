@@ -1,22 +1,28 @@
 //! Power-cut tests on a lossy FUSE filesystem (`powercut/lossyfs.rs`): what survives a cut is
 //! what was synced, data with `fsync` of the file and names with `fsync` of the directory.
 //!
-//! The first two tests check the filesystem itself, through the mounted path. The last test
-//! checks that a panicking test leaves no mount behind.
+//! The first two tests check the filesystem itself, through the mounted path. The SQLite tests
+//! check that the harness tells a durable commit from a lucky one: in WAL mode with
+//! `synchronous=FULL` every acknowledged commit survives (also in a writer process killed
+//! mid-stream), with `NORMAL` some do not. The last test checks that a panicking test leaves no
+//! mount behind.
 //!
 //! Needs `/dev/fuse` and root or `fusermount3`. A cut models a machine losing power, which also
 //! kills every process using the files: in-process, the tests close their files and connections
-//! before cutting.
+//! before cutting; `a_killed_writer_loses_no_acknowledged_commit` kills a real writer process.
 
 #[path = "powercut/lossyfs.rs"]
 mod lossyfs;
 
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
 use lossyfs::{is_mounted, CutReport, LossyMount};
+use rusqlite::config::DbConfig;
+use rusqlite::Connection;
 
 /// `fsync(2)` on a directory: makes its current entries durable.
 fn sync_dir(dir: &Path) {
@@ -129,6 +135,156 @@ fn a_name_is_durable_only_once_its_directory_is_synced() {
     sync_dir(&dir.join("sub"));
     mount.cut();
     assert!(!dir.join("sub").exists());
+}
+
+/// Rows in each transaction, and transactions, of the SQLite tests.
+const ROWS_PER_COMMIT: i64 = 5;
+const COMMITS: i64 = 200;
+
+/// Opens (creating) a database in WAL mode with the given `synchronous` setting, and syncs the
+/// directory. SQLite does not sync the directory after creating the main database file; it does
+/// after creating a WAL or a rollback journal, which, in the same directory, makes the
+/// database's name durable too, at the first commit. An application that does not want to rely
+/// on that (or must not lose a database before its first commit) syncs the directory itself.
+///
+/// The connection never checkpoints on close: a power cut kills the process, and a killed
+/// process does not checkpoint either. Checkpoints run every 100 WAL pages.
+fn open_db(db: &Path, synchronous: &str) -> Connection {
+    let conn = Connection::open(db).unwrap();
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+        .unwrap();
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; PRAGMA wal_autocheckpoint=100;
+         CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, body TEXT NOT NULL);"
+    ))
+    .unwrap();
+    sync_dir(db.parent().unwrap());
+    conn
+}
+
+/// Commits transaction `n` (from 1) of `ROWS_PER_COMMIT` rows, ids following on.
+fn commit(conn: &Connection, n: i64) {
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    for id in (n - 1) * ROWS_PER_COMMIT + 1..=n * ROWS_PER_COMMIT {
+        let body = format!("{id:08}").repeat(64);
+        conn.execute("INSERT INTO t (id, body) VALUES (?1, ?2)", (id, body))
+            .unwrap();
+    }
+    conn.execute_batch("COMMIT").unwrap();
+}
+
+/// After a cut: the rows a fresh connection finds. They must pass `PRAGMA integrity_check`
+/// and be a prefix of what was committed (a lost commit takes every later one with it).
+fn rows_after_cut(db: &Path) -> i64 {
+    let conn = Connection::open(db).unwrap();
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    let (rows, max): (i64, i64) = conn
+        .query_row("SELECT count(*), coalesce(max(id), 0) FROM t", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(rows, max, "the rows are not a prefix of the commits");
+    rows
+}
+
+/// Commits `COMMITS` transactions on a lossy mount, closes the connection, cuts the power and
+/// returns the rows acknowledged and the rows found after the cut.
+fn commit_then_cut(synchronous: &str) -> (i64, i64) {
+    let mount = LossyMount::new().unwrap();
+    let db = mount.path().join("sekali.db");
+    let mut acknowledged = 0;
+    {
+        let conn = open_db(&db, synchronous);
+        for n in 1..=COMMITS {
+            commit(&conn, n);
+            acknowledged = n * ROWS_PER_COMMIT; // COMMIT returned: the row is acknowledged
+        }
+    }
+    let ops = mount.counters().ops;
+    let report = mount.cut();
+    let found = rows_after_cut(&db);
+    eprintln!("synchronous={synchronous}: {acknowledged} acknowledged, {found} found; {report:?}");
+    eprintln!("requests before the cut: {ops:?}");
+    (acknowledged, found)
+}
+
+#[test]
+fn with_synchronous_full_every_acknowledged_commit_survives_a_cut() {
+    let (acknowledged, found) = commit_then_cut("FULL");
+    assert_eq!(acknowledged, COMMITS * ROWS_PER_COMMIT);
+    assert_eq!(found, acknowledged);
+}
+
+/// The control: the harness must catch a setting that acknowledges commits before they are
+/// durable. With `synchronous=NORMAL` in WAL mode, SQLite syncs the WAL only at checkpoints.
+#[test]
+fn with_synchronous_normal_acknowledged_commits_are_lost_at_a_cut() {
+    let (acknowledged, found) = commit_then_cut("NORMAL");
+    assert!(
+        found < acknowledged,
+        "{acknowledged} acknowledged rows all survived the cut"
+    );
+    assert!(found > 0, "the rows of the last checkpoint are durable");
+}
+
+/// Not a test on its own: the writer process of `a_killed_writer_loses_no_acknowledged_commit`
+/// (this test binary, run again). It prints `committed N` once transaction N's COMMIT returned
+/// and commits until it is killed.
+#[test]
+#[ignore = "the writer process of a_killed_writer_loses_no_acknowledged_commit"]
+fn writer_process() {
+    let Some(db) = std::env::var_os("POWERCUT_WRITER_DB") else {
+        return;
+    };
+    let conn = open_db(Path::new(&db), "FULL");
+    for n in 1.. {
+        commit(&conn, n);
+        println!("committed {n}");
+    }
+}
+
+/// The real thing: a writer process is killed (SIGKILL) in the middle of its commits, then the
+/// power is cut. Every commit it acknowledged is there.
+#[test]
+fn a_killed_writer_loses_no_acknowledged_commit() {
+    let mount = LossyMount::new().unwrap();
+    let db = mount.path().join("sekali.db");
+    let mut writer = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "writer_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("POWERCUT_WRITER_DB", &db)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut acknowledged = 0;
+    for line in BufReader::new(writer.stdout.take().unwrap()).lines() {
+        if let Some(n) = line.unwrap().strip_prefix("committed ") {
+            acknowledged = n.parse::<i64>().unwrap() * ROWS_PER_COMMIT;
+            if acknowledged >= COMMITS * ROWS_PER_COMMIT {
+                writer.kill().unwrap();
+            }
+        }
+    }
+    writer.wait().unwrap();
+    assert!(
+        acknowledged >= COMMITS * ROWS_PER_COMMIT,
+        "the writer stopped on its own"
+    );
+    let report = mount.cut();
+    let found = rows_after_cut(&db);
+    eprintln!("killed writer: {acknowledged} acknowledged, {found} found; {report:?}");
+    assert!(
+        found >= acknowledged,
+        "{acknowledged} acknowledged, {found} found"
+    );
 }
 
 /// A test that panics with its mount in use leaves no mount behind: unwinding drops the
