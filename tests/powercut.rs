@@ -3,9 +3,10 @@
 //!
 //! The first two tests check the filesystem itself, through the mounted path. The SQLite tests
 //! check that the harness tells a durable commit from a lucky one: in WAL mode with
-//! `synchronous=FULL` every acknowledged commit survives (also in a writer process killed
-//! mid-stream), with `NORMAL` some do not. The last test checks that a panicking test leaves no
-//! mount behind.
+//! `synchronous=FULL` every acknowledged commit survives (also through sekali's own writer
+//! connection, and in a writer process killed mid-stream), with `NORMAL` some do not; in
+//! rollback-journal mode only `EXTRA` keeps them. The last test checks that a panicking test
+//! leaves no mount behind.
 //!
 //! Needs `/dev/fuse` and root or `fusermount3`. A cut models a machine losing power, which also
 //! kills every process using the files: in-process, the tests close their files and connections
@@ -19,6 +20,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
+use std::time::Duration;
 
 use lossyfs::{is_mounted, CutReport, LossyMount};
 use rusqlite::config::DbConfig;
@@ -228,6 +230,55 @@ fn with_synchronous_normal_acknowledged_commits_are_lost_at_a_cut() {
         "{acknowledged} acknowledged rows all survived the cut"
     );
     assert!(found > 0, "the rows of the last checkpoint are durable");
+}
+
+/// sekali's own writer connection (`store::open_for_writing`: WAL, `synchronous=FULL`, its
+/// WAL-coalescing VFS) keeps every acknowledged commit. sekali does not sync the directory after
+/// creating the database: SQLite's sync of the directory after creating the WAL makes the
+/// database's name durable too, as both are in the one directory.
+#[test]
+fn sekalis_writer_connection_keeps_every_acknowledged_commit() {
+    let mount = LossyMount::new().unwrap();
+    let db = mount.path().join("sekali.db");
+    {
+        let conn = sekali::store::open_for_writing(&db, Duration::from_secs(5)).unwrap();
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+            .unwrap();
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+            .unwrap();
+        for n in 1..=COMMITS {
+            commit(&conn, n);
+        }
+    }
+    let report = mount.cut();
+    let found = rows_after_cut(&db);
+    eprintln!("sekali's writer: {found} found; {report:?}");
+    assert_eq!(found, COMMITS * ROWS_PER_COMMIT);
+}
+
+/// In rollback-journal mode (`journal_mode=DELETE`) a commit is the unlink of the journal. Under
+/// the strict model that unlink is durable only once the directory is synced, which
+/// `synchronous=EXTRA` does and `FULL` does not: after a cut the journal is back, hot, and SQLite
+/// rolls the acknowledged commit back. (ext4 usually keeps the unlink; POSIX does not promise it.)
+#[test]
+fn in_rollback_journal_mode_only_synchronous_extra_keeps_a_commit() {
+    for (synchronous, kept) in [("FULL", false), ("EXTRA", true)] {
+        let mount = LossyMount::new().unwrap();
+        let db = mount.path().join("sekali.db");
+        let conn = Connection::open(&db).unwrap();
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode=DELETE; PRAGMA synchronous={synchronous};
+             CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL);"
+        ))
+        .unwrap();
+        sync_dir(mount.path());
+        commit(&conn, 1);
+        drop(conn);
+        let report = mount.cut();
+        let found = rows_after_cut(&db);
+        eprintln!("journal_mode=DELETE, synchronous={synchronous}: {found} found; {report:?}");
+        assert_eq!(found == ROWS_PER_COMMIT, kept, "synchronous={synchronous}");
+    }
 }
 
 /// Not a test on its own: the writer process of `a_killed_writer_loses_no_acknowledged_commit`
