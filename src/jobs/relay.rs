@@ -150,6 +150,12 @@ async fn blocking<T: Send + 'static>(
 pub const FILE_BATCH: usize = 256;
 pub const NETWORK_BATCH: usize = 32;
 
+/// After a batch that was not full, the relay waits this long (or its poll interval, if
+/// shorter) before it claims again, so that under a steady load it sends a few full batches a
+/// second rather than many small ones: each `.eml` batch costs two syncs of the disk the
+/// deliveries' commits share.
+pub const LINGER: Duration = Duration::from_millis(250);
+
 /// Starts the relay on a thread of its own with its own event loop (the transports need one).
 pub fn spawn_relay(
     config: RelayConfig,
@@ -284,7 +290,9 @@ pub async fn run_relay(
         } else {
             Vec::new()
         };
+        let lingers = !next.is_empty() && next.len() < config.batch;
         let next = (!next.is_empty()).then(|| InFlight::start(&config, &transport, &clock, next));
+        let linger = config.poll_interval.min(LINGER);
         let Some(previous) = std::mem::replace(&mut sending, next) else {
             if sending.is_none() {
                 // Nothing in flight and nothing due.
@@ -294,6 +302,11 @@ pub async fn run_relay(
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
                     _ = tokio::time::sleep(config.poll_interval) => {}
+                }
+            } else if lingers {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = tokio::time::sleep(linger) => {}
                 }
             }
             continue;
@@ -370,6 +383,11 @@ pub async fn run_relay(
             tokio::select! {
                 _ = shutdown.cancelled() => {}
                 _ = tokio::time::sleep(pause) => {}
+            }
+        } else if lingers {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(linger) => {}
             }
         }
     }

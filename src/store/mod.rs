@@ -69,6 +69,8 @@ pub enum StoreError {
     Injected(&'static str),
     #[error("refusing to overwrite {0}")]
     Exists(String),
+    #[error("database file {path} could not be switched to WAL mode (it stays in `{mode}` mode), on which sekali's durability rests; WAL needs a local file system (not a network share) that supports shared memory")]
+    NotWal { path: String, mode: String },
     #[error("cannot write the backup {path}: {reason}")]
     BackupOut { path: String, reason: String },
     #[error("the backup copy failed its integrity check: {0}")]
@@ -116,7 +118,13 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
     let mode: String =
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
-        tracing::warn!(journal_mode = %mode, "could not switch the database to WAL mode");
+        // Refused, not warned of: in rollback-journal mode a commit is the journal's unlink,
+        // which `synchronous=FULL` does not sync into its directory, so a power cut can bring
+        // the journal back and roll an acknowledged commit back (the power-cut tests show it).
+        return Err(StoreError::NotWal {
+            path: path.display().to_string(),
+            mode,
+        });
     }
     // After a checkpoint the WAL file is truncated back to this size, so a burst does not leave
     // a large file behind for good.
@@ -233,6 +241,19 @@ pub fn read_pool(path: &Path, size: u32, busy_timeout: Duration) -> Result<ReadP
 
 #[cfg(test)]
 mod tests {
+    /// An in-memory database has no WAL: it stands for any file SQLite cannot put in WAL mode.
+    #[test]
+    fn a_database_that_cannot_be_in_wal_mode_is_refused_for_writing() {
+        let refused = super::open_for_writing(
+            std::path::Path::new(":memory:"),
+            std::time::Duration::from_secs(1),
+        );
+        assert!(
+            matches!(&refused, Err(super::StoreError::NotWal { mode, .. }) if mode == "memory"),
+            "{refused:?}"
+        );
+    }
+
     /// The bundled SQLite was built with the options in `.cargo/config.toml` (a build that
     /// missed them would still be correct, only slower).
     #[test]
