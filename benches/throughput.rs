@@ -38,9 +38,11 @@ impl Server {
             .arg(db.with_file_name("mail"))
             .args(extra)
             .env("STRIPE_WEBHOOK_SECRET", SECRET)
-            // The default log level (info), as a deployment would run it.
+            // The default log level (info), as a deployment would run it; the lines themselves
+            // would only bury the figures.
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);

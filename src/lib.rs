@@ -10,6 +10,8 @@
 //! - [`clients`]: outbound HTTP to other services (Midtrans's status API).
 //! - [`startup`]: builds the HTTP server from [`config::Settings`]; tests build it on port 0.
 
+#![forbid(unsafe_code)]
+
 /// `println!` for the commands' output on stdout (see [`cli::write_stdout`]): when the reader
 /// has gone away, as in `sekali events list | head`, the rest is dropped instead of panicking.
 #[macro_export]

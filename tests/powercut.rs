@@ -231,10 +231,10 @@ fn with_synchronous_normal_acknowledged_commits_are_lost_at_a_cut() {
     assert!(found > 0, "the rows of the last checkpoint are durable");
 }
 
-/// sekali's own writer connection (`store::open_for_writing`: WAL, `synchronous=FULL`, its
-/// WAL-coalescing VFS) keeps every acknowledged commit. sekali does not sync the directory after
-/// creating the database: SQLite's sync of the directory after creating the WAL makes the
-/// database's name durable too, as both are in the one directory.
+/// sekali's own writer connection (`store::open_for_writing`: WAL, `synchronous=FULL`) keeps
+/// every acknowledged commit. It syncs the directory after creating the database (SQLite's own
+/// sync of the directory after creating the WAL would make the name durable at the first commit;
+/// sekali does not count on it).
 #[test]
 fn sekalis_writer_connection_keeps_every_acknowledged_commit() {
     let mount = LossyMount::new().unwrap();

@@ -547,10 +547,10 @@ impl RecentDeliveries {
 fn open_writer_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
     // When a batch reruns with a savepoint per delivery (see `commit_batch`), SQLite empties each
     // savepoint's sub-journal at its RELEASE. `temp_store` is left at the default: the
-    // sub-journal is then one block of memory of SQLITE_STMTJRNL_SPILL bytes (set in
-    // .cargo/config.toml), spilling to a temp file only past that. `temp_store=MEMORY` never
-    // spills but grows in 1 KiB chunks: five allocations per journaled page, which was a fifth
-    // of the writer's time when every delivery had a savepoint.
+    // sub-journal is then held in memory up to SQLite's default spill size (64 KiB), spilling to
+    // a temp file past that (see .cargo/config.toml for why not more). `temp_store=MEMORY`
+    // never spills but grows in 1 KiB chunks: five allocations per journaled page, which was a
+    // fifth of the writer's time when every delivery had a savepoint.
     let conn = open_for_writing(&config.db_path, config.busy_timeout)?;
     // The writer checkpoints the WAL itself, after the commit that crosses this many pages, and
     // the deliveries queued meanwhile wait for it. Small checkpoints often rather than SQLite's
