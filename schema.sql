@@ -1,4 +1,4 @@
--- sekali schema, version 4 (PRAGMA user_version = 4).
+-- sekali schema, version 5 (PRAGMA user_version = 5).
 --
 -- Applied at startup, idempotently, by src/store/schema.rs, which embeds this file in the binary.
 -- Table and column names are part of sekali's interface: operators query them with sqlite3.
@@ -12,7 +12,9 @@
 -- One row per (provider, event id) ever claimed and not yet purged: the deduplication record.
 -- A row exists if and only if the event's effects were committed in the same transaction.
 CREATE TABLE IF NOT EXISTS processed_events (
-    provider          TEXT NOT NULL CHECK (provider IN ('stripe', 'midtrans')),
+    -- The provider's name (stripe, midtrans, xendit): any the registry knows, so not listed in
+    -- a CHECK (versions before 5 listed stripe and midtrans).
+    provider          TEXT NOT NULL,
     -- Stripe's evt_... id, or the derived Midtrans id
     -- order_id:transaction_status:status_code[:fraud_status][:refund identity], each part with
     -- '\' and ':' escaped as '\\' and '\:' (see src/providers/midtrans.rs).
@@ -43,6 +45,9 @@ CREATE TABLE IF NOT EXISTS processed_events (
     payment_intent_id TEXT,
     -- The raw request body exactly as received and verified.
     payload           TEXT NOT NULL,
+    -- A parked event, normalised (JSON): what is applied when its payment is linked, without
+    -- reading the payload again. NULL for every other outcome. Added in version 5.
+    parked_event      TEXT,
     PRIMARY KEY (provider, event_id)
 );
 
@@ -56,7 +61,7 @@ CREATE INDEX IF NOT EXISTS processed_events_parked
 -- moved by the webhooks. Never purged.
 CREATE TABLE IF NOT EXISTS orders (
     order_id          TEXT PRIMARY KEY NOT NULL,
-    provider          TEXT NOT NULL CHECK (provider IN ('stripe', 'midtrans')),
+    provider          TEXT NOT NULL,
     -- Forward-only: pending -> paid | failed | cancelled | expired; failed -> paid | cancelled
     -- | expired;
     -- paid -> partially_refunded | refunded | disputed; partially_refunded -> refunded | disputed.
@@ -87,7 +92,11 @@ CREATE TABLE IF NOT EXISTS orders (
     -- was paid, and in which currency: what the receipt shows. NULL before a payment, and for
     -- orders paid before version 4. Added in version 4.
     paid_amount       INTEGER,
-    paid_currency     TEXT
+    paid_currency     TEXT,
+    -- Decimals of the order's amounts in its provider's minor units (Stripe's own table, else
+    -- ISO 4217: JPY 0, IDR 2, BHD 3). NULL for orders written before version 5 (their emails
+    -- then use ISO 4217). Added in version 5.
+    amount_exponent   INTEGER
 ) WITHOUT ROWID;
 
 

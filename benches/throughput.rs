@@ -14,8 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sekali::bench::{run_bench, BenchConfig, BenchReport};
-use sekali::config::Secrets;
-use sekali::domain::Provider;
+use sekali::providers::stripe::Stripe;
 
 const SECRET: &str = "whsec_bench_c2VrYWxpLWJlbmNo";
 
@@ -110,7 +109,7 @@ fn measure_with_relay(
     let server = Server::start(&db, extra);
     let config = BenchConfig {
         url: format!("http://127.0.0.1:{}/webhooks/stripe", server.port),
-        provider: Provider::Stripe,
+        provider: std::sync::Arc::new(Stripe::with_secrets(&[SECRET])),
         events,
         dup_ratio: 0.2,
         concurrency,
@@ -121,7 +120,7 @@ fn measure_with_relay(
         retry: false,
         check_db: Some(db.clone()),
     };
-    let report = run_bench(&config, &Secrets::from_values(Some(SECRET), None)).expect("bench runs");
+    let report = run_bench(&config).expect("bench runs");
     let load_ended = Instant::now();
     let relay = (!extra.contains(&"--no-relay")).then(|| {
         let pending = "SELECT count(*) FROM email_outbox WHERE status = 'pending'";

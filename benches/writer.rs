@@ -21,9 +21,7 @@ use std::time::{Duration, Instant};
 
 use sekali::bench::EventTemplate;
 use sekali::clock::{SharedClock, SystemClock};
-use sekali::domain::Provider;
-use sekali::providers::stripe;
-use sekali::store::events::Retention;
+use sekali::providers::stripe::{self, Stripe};
 use sekali::store::{Outcome, Writer, WriterConfig, DEFAULT_BUSY_TIMEOUT};
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -35,15 +33,8 @@ fn env_usize(name: &str, default: usize) -> usize {
 
 /// User plus system CPU time of this process (the writer thread and the submitting thread).
 fn cpu_time() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always a valid target.
-    let usage = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
-        usage.assume_init()
-    };
-    let micros =
-        |t: libc::timeval| Duration::from_micros((t.tv_sec * 1_000_000 + t.tv_usec) as u64);
-    micros(usage.ru_utime) + micros(usage.ru_stime)
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 #[derive(Clone, Copy)]
@@ -60,17 +51,17 @@ fn run(batch_max: usize, events: usize, round: usize) -> Figures {
             db_path: dir.path().join("writer-bench.db"),
             batch_max,
             queue_capacity: 4096,
-            retention: Retention {
-                stripe_secs: 30 * 86_400,
-                midtrans_secs: 7 * 86_400,
-            },
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             max_page_count: None,
+            reread_parked: None,
         },
         clock,
     )
     .unwrap();
-    let template = EventTemplate::new(Provider::Stripe, &format!("w{batch_max}"), None);
+    let template = EventTemplate::new(
+        &Stripe::with_secrets(&["whsec_bench"]),
+        &format!("w{batch_max}"),
+    );
     // Parsing is the HTTP workers' job: done before the clock starts.
     let deliveries: Vec<_> = (0..events)
         .map(|i| {

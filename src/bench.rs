@@ -19,18 +19,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use secrecy::ExposeSecret;
 use serde::Serialize;
 
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Secrets, ENV_MIDTRANS_KEY, ENV_STRIPE_SECRET};
-use crate::domain::Provider;
-use crate::providers::{midtrans, stripe};
+use crate::providers::Provider;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BenchConfig {
     pub url: String,
-    pub provider: Provider,
+    /// Whose deliveries to imitate, configured with the server's secret.
+    pub provider: Arc<dyn Provider>,
     pub events: usize,
     pub dup_ratio: f64,
     pub concurrency: usize,
@@ -51,8 +49,8 @@ pub struct BenchConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("{0} is not set: bench signs like the provider, with the server's secret")]
-    MissingSecret(&'static str),
+    #[error("cannot sign a {provider} delivery: {reason}")]
+    Sign { provider: String, reason: String },
     #[error("--url {0}")]
     Url(String),
     #[error("--check-db: {0}")]
@@ -174,82 +172,29 @@ impl BenchReport {
     }
 }
 
-enum Signer {
-    Stripe(String),
-    Midtrans,
-}
-
 /// Marks where the event number goes in a rendered template.
 const N: &str = "@@N@@";
-/// Marks where a Midtrans signature_key goes.
-const SIG: &str = "@@SIG@@";
 
-/// The events of one run, rendered once as a template (about 1.5 KB, like a real event) and
-/// completed per request by splicing in the event number: the load generator shares the cores
-/// with the server, so it should spend as little as it can. `benches/writer.rs` uses it too.
-/// Not `Debug`: it holds the Midtrans server key.
+/// The events of one run, rendered once as a template (the provider's sample payment, about
+/// 1.5 KB for Stripe, like a real event) and completed per request by splicing in the event
+/// number: the load generator shares the cores with the server, so it should spend as little as
+/// it can. `benches/writer.rs` uses it too.
 #[derive(Clone)]
 pub struct EventTemplate {
-    provider: Provider,
-    run_id: String,
-    /// The body split at each `@@N@@` (and, for Midtrans, `@@SIG@@` ends the second-to-last).
+    /// The body split at each `@@N@@`.
     pieces: Vec<String>,
-    midtrans_key: Option<String>,
     random_ids: bool,
 }
 
 impl EventTemplate {
-    pub fn new(provider: Provider, run_id: &str, midtrans_key: Option<String>) -> Self {
-        let body = match provider {
-            Provider::Stripe => serde_json::to_string_pretty(&serde_json::json!({
-                "id": format!("evt_bench_{run_id}_{N}"),
-                "object": "event",
-                "api_version": "2024-06-20",
-                "created": 1_732_870_000,
-                "livemode": false,
-                "pending_webhooks": 1,
-                "request": {"id": null, "idempotency_key": null},
-                "type": "payment_intent.succeeded",
-                "data": {"object": {
-                    "id": format!("pi_bench_{run_id}_{N}"),
-                    "object": "payment_intent",
-                    "amount": 2500, "amount_capturable": 0, "amount_received": 2500,
-                    "capture_method": "automatic", "confirmation_method": "automatic",
-                    "created": 1_732_869_990, "currency": "usd",
-                    "description": "sekali bench order",
-                    "latest_charge": format!("ch_bench_{run_id}_{N}"),
-                    "livemode": false,
-                    "metadata": {"order_id": format!("bench_{run_id}_{N}")},
-                    "payment_method": format!("pm_bench_{run_id}_{N}"),
-                    "payment_method_types": ["card"],
-                    "receipt_email": format!("customer{N}@example.com"),
-                    "status": "succeeded",
-                    "shipping": null, "statement_descriptor": null,
-                }},
-            })),
-            Provider::Midtrans => serde_json::to_string(&serde_json::json!({
-                "transaction_time": "2026-11-29 10:00:00",
-                "transaction_status": "settlement",
-                "transaction_id": format!("bench-{run_id}-{N}"),
-                "status_message": "midtrans payment notification",
-                "status_code": "200",
-                "settlement_time": "2026-11-29 10:00:05",
-                "payment_type": "bank_transfer",
-                "order_id": format!("bench_{run_id}_{N}"),
-                "merchant_id": "G141532850",
-                "gross_amount": "150000.00",
-                "fraud_status": "accept",
-                "currency": "IDR",
-                "va_numbers": [{"va_number": "12345678901", "bank": "bca"}],
-                "signature_key": SIG,
-            })),
-        }
-        .expect("serialising a JSON value");
+    /// `provider`'s sample payment for the orders `bench_{run_id}_{i}`, its other ids ending in
+    /// `{run_id}_{i}`.
+    pub fn new(provider: &dyn Provider, run_id: &str) -> Self {
+        let body =
+            provider.sample_payment(&format!("bench_{run_id}_{N}"), &format!("{run_id}_{N}"));
+        let body = String::from_utf8(body).expect("a sample payment is JSON text");
         EventTemplate {
-            provider,
-            run_id: run_id.to_owned(),
             pieces: body.split(N).map(str::to_owned).collect(),
-            midtrans_key,
             random_ids: false,
         }
     }
@@ -264,7 +209,7 @@ impl EventTemplate {
         self
     }
 
-    /// The body of the `i`th unique event of this run.
+    /// The body of the `i`th unique event of this run, unsigned.
     pub fn render(&self, i: usize) -> Vec<u8> {
         let n = if self.random_ids {
             // Multiplying by an odd constant is a bijection on u64: no two events share ids.
@@ -272,42 +217,12 @@ impl EventTemplate {
         } else {
             i.to_string()
         };
-        let mut body = self.pieces.join(&n);
-        if self.provider == Provider::Midtrans {
-            let order_id = format!("bench_{}_{n}", self.run_id);
-            let key = self.midtrans_key.as_deref().unwrap_or_default();
-            body = body.replace(
-                SIG,
-                &midtrans::compute_signature_key(&order_id, "200", "150000.00", key),
-            );
-        }
-        body.into_bytes()
+        self.pieces.join(&n).into_bytes()
     }
 }
 
 /// Runs the benchmark; blocking (it starts its own client event loops).
-pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport, BenchError> {
-    let signer = match config.provider {
-        Provider::Stripe => Signer::Stripe(
-            secrets
-                .stripe
-                .first()
-                .ok_or(BenchError::MissingSecret(ENV_STRIPE_SECRET))?
-                .expose_secret()
-                .to_owned(),
-        ),
-        Provider::Midtrans => {
-            secrets
-                .midtrans
-                .as_ref()
-                .ok_or(BenchError::MissingSecret(ENV_MIDTRANS_KEY))?;
-            Signer::Midtrans
-        }
-    };
-    let midtrans_key = secrets
-        .midtrans
-        .as_ref()
-        .map(|k| k.expose_secret().to_owned());
+pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
     let run_id = format!(
         "{:x}",
         SystemClock.now_unix() * 1000 + std::process::id() as i64 % 1000
@@ -332,8 +247,16 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
     let deadline = Instant::now() + Duration::from_secs_f64(config.max_seconds);
     // A thread without a connection of its own would still open one.
     let threads = config.threads.clamp(1, config.concurrency.max(1));
-    let template = EventTemplate::new(config.provider, &run_id, midtrans_key)
-        .with_random_ids(config.random_ids);
+    let template =
+        EventTemplate::new(config.provider.as_ref(), &run_id).with_random_ids(config.random_ids);
+    // Signed once up front, so a provider that cannot sign fails before any load.
+    config
+        .provider
+        .sign(&template.render(0), SystemClock.now_unix())
+        .map_err(|reason| BenchError::Sign {
+            provider: config.provider.name().to_string(),
+            reason,
+        })?;
     let started = Instant::now();
     let pacing = config
         .rate
@@ -345,10 +268,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
                 config.concurrency / threads + usize::from(t < config.concurrency % threads);
             let (plan, next, target) = (plan.clone(), next.clone(), target.clone());
             let template = template.clone();
-            let signer = match &signer {
-                Signer::Stripe(s) => Signer::Stripe(s.clone()),
-                Signer::Midtrans => Signer::Midtrans,
-            };
+            let signer = config.provider.clone();
             // Connections are numbered across threads, so the paced schedule interleaves them
             // all.
             let first = t * (config.concurrency / threads) + t.min(config.concurrency % threads);
@@ -385,7 +305,7 @@ pub fn run_bench(config: &BenchConfig, secrets: &Secrets) -> Result<BenchReport,
         plan[..reached].iter().copied().max().map_or(0, |m| m + 1)
     };
     let mut report = BenchReport {
-        provider: config.provider.to_string(),
+        provider: config.provider.name().to_string(),
         run_id: run_id.clone(),
         ids: if config.random_ids {
             "random"
@@ -557,12 +477,11 @@ async fn client_loop(
     next: Arc<AtomicUsize>,
     target: Target,
     template: EventTemplate,
-    signer: Signer,
+    signer: Arc<dyn Provider>,
     deadline: Instant,
     pacing: Option<(Pacing, usize)>,
     retry: bool,
 ) -> ThreadOutcome {
-    let signer = Rc::new(signer);
     let target = Rc::new(target);
     let template = Rc::new(template);
     // A request still unanswered this long after the deadline counts as an error.
@@ -595,7 +514,7 @@ async fn client_loop(
                 let slot = next.fetch_add(1, Ordering::SeqCst);
                 let Some(&event) = plan.get(slot) else { break };
                 // Completed per request (about a microsecond) rather than kept for the whole run.
-                let body = actix_web::web::Bytes::from(template.render(event));
+                let body = template.render(event);
                 // Behind schedule, a latency counts from when the request was due, so a server
                 // that cannot keep up shows its backlog instead of hiding it (no coordinated
                 // omission). On time, it counts from the send: the timer's own lateness (up to
@@ -605,19 +524,21 @@ async fn client_loop(
                 let mut retries = 0;
                 let deliver = async {
                     loop {
+                        // Signed at each send, as the provider does (a Stripe retry gets a fresh
+                        // timestamp); it signed once up front, so it signs now.
+                        let signed = signer
+                            .sign(&body, SystemClock.now_unix())
+                            .expect("the provider signed before the run");
                         let mut request = hyper::Request::post(target.path_and_query.as_str())
                             .header(hyper::header::HOST, target.authority.as_str())
                             .header(hyper::header::CONTENT_TYPE, "application/json");
-                        if let Signer::Stripe(secret) = &*signer {
-                            let header = stripe::signature_header(
-                                &[secret.as_str()],
-                                SystemClock.now_unix(),
-                                &body,
-                            );
-                            request = request.header("Stripe-Signature", header);
+                        for (name, value) in &signed.headers {
+                            request = request.header(*name, value.as_str());
                         }
                         let request = request
-                            .body(http_body_util::Full::new(body.clone()))
+                            .body(http_body_util::Full::new(actix_web::web::Bytes::from(
+                                signed.body,
+                            )))
                             .expect("a request built from a parsed URL");
                         match send(&mut connection, &target, request).await {
                             // A refusal whose retry could not be sent before --max-seconds is

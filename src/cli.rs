@@ -8,9 +8,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::clock::{Clock, SystemClock};
-use crate::config::{self, Secrets, Settings};
+use crate::config::{self, Settings};
 use crate::domain::text::{escaped_block, Escaped};
-use crate::domain::Provider;
+use crate::providers::{ProviderSettings, Providers};
 use crate::startup::Application;
 use crate::store::{self, reads};
 
@@ -27,10 +27,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Receive webhooks. Secrets come from STRIPE_WEBHOOK_SECRET (comma-separated, for
-    /// rotation) and MIDTRANS_SERVER_KEY; at least one must be set.
-    #[command(after_help = SERVE_ENVIRONMENT)]
-    Serve(ServeArgs),
+    /// Receive webhooks. Each provider's secret comes from the environment (see below); at
+    /// least one must be set.
+    #[command(after_help = serve_environment())]
+    Serve(Box<ServeArgs>),
     /// Delete expired event ids now (one purge pass) and print how many.
     Purge(DbArgs),
     /// Copy the database while sekali runs (SQLite online backup), then check the copy.
@@ -55,17 +55,50 @@ pub enum Command {
 }
 
 /// `serve --help` ends with the settings that have no flag: secrets never go on a command line
-/// (where `ps` shows them), and the mail transport is chosen by which of them is set.
-const SERVE_ENVIRONMENT: &str = "\
-Settings read only from the environment:
-  STRIPE_WEBHOOK_SECRET  Stripe endpoint signing secrets (whsec_...), comma-separated while rolling
-  MIDTRANS_SERVER_KEY    the Midtrans server key (SB-Mid-server-... in the sandbox)
-  SEKALI_API_TOKENS      name:token pairs, comma-separated, for the orders API (unset: it is off)
-  SEKALI_SMTP_URL        send emails over SMTP (smtp://user:pass@host:587 or smtps://...)
-  SEKALI_MAIL_API_URL    else send them to an HTTP email API, with SEKALI_MAIL_API_KEY
-  SEKALI_MAIL_FROM       the sender (default sekali@localhost; may be \"Shop <shop@example.com>\")
-  RUST_LOG               log verbosity (default info)
-Neither SMTP nor an API set: emails are written as .eml files to --mail-dir.";
+/// (where `ps` shows them), and the mail transport is chosen by which of them is set. Each
+/// provider's come from its registration.
+fn serve_environment() -> String {
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    for registration in crate::providers::REGISTRY {
+        for (name, what) in registration.environment {
+            rows.push((name, (*what).to_owned()));
+        }
+    }
+    rows.extend([
+        (
+            config::ENV_API_TOKENS,
+            "name:token pairs, comma-separated, for the orders API (unset: it is off)".to_owned(),
+        ),
+        (
+            "SEKALI_SMTP_URL",
+            "send emails over SMTP (smtp://user:pass@host:587 or smtps://...)".to_owned(),
+        ),
+        (
+            "SEKALI_MAIL_API_URL",
+            "else send them to an HTTP email API, with SEKALI_MAIL_API_KEY".to_owned(),
+        ),
+        (
+            "SEKALI_MAIL_FROM",
+            "the sender (default sekali@localhost; may be \"Shop <shop@example.com>\")".to_owned(),
+        ),
+        ("RUST_LOG", "log verbosity (default info)".to_owned()),
+    ]);
+    let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let mut text = String::from("Settings read only from the environment:\n");
+    for (name, what) in rows {
+        text.push_str(&format!("  {name:<width$}  {what}\n"));
+    }
+    text.push_str(
+        "Neither SMTP nor an API set: emails are written as .eml files to --mail-dir.\n\n",
+    );
+    text.push_str("Provider options (--provider-option NAME.OPTION=VALUE; every provider also takes retention):\n");
+    for registration in crate::providers::REGISTRY {
+        for (option, what) in registration.options {
+            text.push_str(&format!("  {}.{option}  {what}\n", registration.name));
+        }
+    }
+    text
+}
 
 /// On or off, for a setting that has no third value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -82,6 +115,49 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
         Ok(d) => Ok(d),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A duration as [`positive_duration`] takes it, kept as its text (the provider parses it).
+fn positive_duration_text(text: &str) -> Result<String, String> {
+    positive_duration(text).map(|_| text.to_owned())
+}
+
+/// `NAME=DURATION`, for a registered provider.
+fn provider_retention(text: &str) -> Result<(String, String), String> {
+    let (name, duration) = text
+        .split_once('=')
+        .ok_or("expected NAME=DURATION, such as stripe=30d")?;
+    registered(name)?;
+    positive_duration(duration)?;
+    Ok((name.to_owned(), duration.to_owned()))
+}
+
+/// `NAME.OPTION=VALUE`, for a registered provider.
+fn provider_option(text: &str) -> Result<((String, String), String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or("expected NAME.OPTION=VALUE, such as midtrans.status-check=off")?;
+    let (name, option) = key
+        .split_once('.')
+        .ok_or("expected NAME.OPTION=VALUE, such as midtrans.status-check=off")?;
+    registered(name)?;
+    Ok(((name.to_owned(), option.to_owned()), value.to_owned()))
+}
+
+fn registered(name: &str) -> Result<(), String> {
+    if crate::providers::is_registered(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "no provider is called `{name}` (known: {})",
+            crate::providers::known()
+        ))
+    }
+}
+
+/// A registered provider's name, for `--provider`.
+fn provider_name(text: &str) -> Result<String, String> {
+    registered(text).map(|()| text.to_owned())
 }
 
 /// An `http://` or `https://` URL with a host.
@@ -109,20 +185,30 @@ pub struct ServeArgs {
     /// SQLite database file (created if missing).
     #[arg(long, env = "SEKALI_DB", default_value = "sekali.db")]
     pub db: PathBuf,
-    /// Accepted distance in seconds between a Stripe signature's timestamp and now, both ways.
-    #[arg(long, default_value_t = crate::providers::stripe::DEFAULT_TOLERANCE_SECS,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub stripe_tolerance: u64,
+    /// Accepted distance in seconds between a Stripe signature's timestamp and now, both ways
+    /// [default: 300] (the option stripe.tolerance).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stripe_tolerance: Option<u64>,
     /// Largest accepted request body in bytes; larger ones get 413.
     #[arg(long, default_value_t = config::DEFAULT_MAX_BODY_BYTES,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..))]
     pub max_body_bytes: usize,
-    /// How long Stripe event ids are remembered (longer than Stripe's 30-day resend window).
-    #[arg(long, default_value = "30d", value_parser = positive_duration)]
-    pub stripe_retention: Duration,
-    /// How long Midtrans event ids are remembered (its retries end within about 6 hours).
-    #[arg(long, default_value = "7d", value_parser = positive_duration)]
-    pub midtrans_retention: Duration,
+    /// How long Stripe event ids are remembered, longer than Stripe's 30-day resend window
+    /// [default: 30d] (the same as --retention stripe=DURATION).
+    #[arg(long, value_parser = positive_duration_text)]
+    pub stripe_retention: Option<String>,
+    /// How long Midtrans event ids are remembered, longer than its retries of about 6 hours
+    /// [default: 7d] (the same as --retention midtrans=DURATION).
+    #[arg(long, value_parser = positive_duration_text)]
+    pub midtrans_retention: Option<String>,
+    /// How long a provider's event ids are remembered, as NAME=DURATION (xendit=14d);
+    /// repeatable. Each provider's default outlasts its redelivery window.
+    #[arg(long = "retention", value_name = "NAME=DURATION", value_parser = provider_retention)]
+    pub retentions: Vec<(String, String)>,
+    /// A provider's setting, as NAME.OPTION=VALUE (midtrans.status-check=off); repeatable. The
+    /// options are listed below.
+    #[arg(long = "provider-option", value_name = "NAME.OPTION=VALUE", value_parser = provider_option)]
+    pub provider_options: Vec<((String, String), String)>,
     /// How often expired event ids are purged.
     #[arg(long, default_value = "1h", value_parser = positive_duration)]
     pub purge_interval: Duration,
@@ -143,19 +229,16 @@ pub struct ServeArgs {
     /// Do not run the outbox relay in this process (run `sekali relay` elsewhere).
     #[arg(long)]
     pub no_relay: bool,
-    /// Confirm each Midtrans notification with Midtrans's status API before applying it. The
-    /// signature covers no transaction_status; with `off`, a status forged within its status
-    /// code's class (a refund signed as a settlement) is believed.
-    #[arg(
-        long,
-        env = "SEKALI_MIDTRANS_STATUS_CHECK",
-        value_enum,
-        default_value = "on"
-    )]
-    pub midtrans_status_check: Switch,
-    /// Base URL of Midtrans's status API [default: https://api.sandbox.midtrans.com for a
-    /// sandbox key (SB-...), else https://api.midtrans.com].
-    #[arg(long, env = "MIDTRANS_API_URL", value_parser = http_url)]
+    /// Confirm each Midtrans notification with Midtrans's status API before applying it
+    /// [default: on, or SEKALI_MIDTRANS_STATUS_CHECK]. The signature covers no
+    /// transaction_status; with `off`, a status forged within its status code's class (a refund
+    /// signed as a settlement) is believed.
+    #[arg(long, value_enum)]
+    pub midtrans_status_check: Option<Switch>,
+    /// Base URL of Midtrans's status API [default: MIDTRANS_API_URL, else
+    /// https://api.sandbox.midtrans.com for a sandbox key (SB-...), else
+    /// https://api.midtrans.com].
+    #[arg(long, value_parser = http_url)]
     pub midtrans_api_url: Option<String>,
     #[command(flatten)]
     pub relay: RelayArgs,
@@ -273,8 +356,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub url: String,
     /// Provider to imitate; by default taken from the URL path.
-    #[arg(long)]
-    pub provider: Option<Provider>,
+    #[arg(long, value_parser = provider_name)]
+    pub provider: Option<String>,
     /// Unique events to send.
     #[arg(long, default_value_t = 20_000)]
     pub events: usize,
@@ -319,8 +402,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub url: String,
     /// Provider of the files; by default taken from the URL path.
-    #[arg(long)]
-    pub provider: Option<Provider>,
+    #[arg(long, value_parser = provider_name)]
+    pub provider: Option<String>,
     /// Event bodies to sign and send, in order.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
@@ -349,8 +432,8 @@ pub enum EventsCommand {
         db: DbArgs,
         #[arg(long, default_value_t = 20)]
         limit: u32,
-        #[arg(long)]
-        provider: Option<Provider>,
+        #[arg(long, value_parser = provider_name)]
+        provider: Option<String>,
     },
     /// One event with its stored payload.
     Show {
@@ -358,15 +441,15 @@ pub enum EventsCommand {
         id: String,
         #[command(flatten)]
         db: DbArgs,
-        #[arg(long)]
-        provider: Option<Provider>,
+        #[arg(long, value_parser = provider_name)]
+        provider: Option<String>,
     },
 }
 
 /// Runs a parsed command line; errors are printed to stderr as `error: …`.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Purge(args) => purge(args),
         Command::Backup(args) => backup(args),
         Command::Replay(args) => replay(args),
@@ -438,30 +521,67 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// The provider settings of the command line, by `(provider, option)`: the generic
+/// `--retention` and `--provider-option`, and the flags that name one provider's option.
+fn provider_options(args: &ServeArgs) -> std::collections::BTreeMap<(String, String), String> {
+    let mut options = std::collections::BTreeMap::new();
+    let mut set = |provider: &str, option: &str, value: String| {
+        options.insert((provider.to_owned(), option.to_owned()), value);
+    };
+    for ((provider, option), value) in &args.provider_options {
+        set(provider, option, value.clone());
+    }
+    for (provider, duration) in &args.retentions {
+        set(provider, "retention", duration.clone());
+    }
+    if let Some(tolerance) = args.stripe_tolerance {
+        set("stripe", "tolerance", tolerance.to_string());
+    }
+    if let Some(retention) = &args.stripe_retention {
+        set("stripe", "retention", retention.clone());
+    }
+    if let Some(retention) = &args.midtrans_retention {
+        set("midtrans", "retention", retention.clone());
+    }
+    if let Some(check) = args.midtrans_status_check {
+        let value = if check == Switch::On { "on" } else { "off" };
+        set("midtrans", "status-check", value.to_owned());
+    }
+    if let Some(url) = &args.midtrans_api_url {
+        set("midtrans", "api-url", url.clone());
+    }
+    options
+}
+
+/// The providers whose secrets are set in the environment, with these options.
+fn configure_providers(
+    options: &std::collections::BTreeMap<(String, String), String>,
+) -> Result<Providers, String> {
+    let env = |name: &str| std::env::var(name).ok();
+    Providers::configure(&ProviderSettings { env: &env, options })
+}
+
 fn serve(args: ServeArgs) -> ExitCode {
     crate::telemetry::init();
-    let secrets = match Secrets::from_env() {
-        Ok(secrets) => secrets,
+    let providers = match configure_providers(&provider_options(&args)) {
+        Ok(providers) => providers,
         Err(e) => return fail(e),
     };
-    if let Err(e) = secrets.require_any() {
+    let api_tokens = match config::api_tokens_from_env() {
+        Ok(tokens) => tokens,
+        Err(e) => return fail(e),
+    };
+    let mut settings = Settings::new(args.listen, args.db, providers);
+    if let Err(e) = settings.require_a_provider() {
         return fail(e);
     }
-    let mut settings = Settings::new(args.listen, args.db, secrets);
-    settings.stripe_tolerance_secs = args.stripe_tolerance;
+    settings.api_tokens = api_tokens;
     settings.max_body_bytes = args.max_body_bytes;
-    settings.stripe_retention = args.stripe_retention;
-    settings.midtrans_retention = args.midtrans_retention;
     settings.purge_interval = args.purge_interval;
     settings.batch_max = args.batch_max as usize;
     settings.queue_capacity = args.queue_capacity;
     settings.workers = args.workers;
     settings.idempotency_retention = args.idempotency_retention;
-    if args.midtrans_status_check == Switch::Off {
-        settings.midtrans_status = None;
-    } else if let (Some(url), Some(api)) = (args.midtrans_api_url, &mut settings.midtrans_status) {
-        api.base_url = url;
-    }
     if !args.no_relay {
         settings.relay = Some(args.relay.into_config(settings.db_path.clone()));
     }
@@ -515,20 +635,20 @@ fn backup(args: BackupArgs) -> ExitCode {
 }
 
 fn bench(args: BenchArgs) -> ExitCode {
-    let Some(provider) = args
-        .provider
-        .or_else(|| crate::replay::provider_from_url(&args.url))
-    else {
-        return fail(format!(
-            "cannot tell the provider from {}; pass --provider",
-            args.url
-        ));
-    };
     if let Some(rate) = args.rate.filter(|r| !(r.is_finite() && *r > 0.0)) {
         return fail(format!(
             "--rate {rate}: give a positive number of requests per second"
         ));
     }
+    let provider = match configure_providers(&Default::default())
+        .map_err(|e| e.to_string())
+        .and_then(|configured| {
+            crate::replay::choose_provider(&configured, args.provider.as_deref(), &args.url)
+                .map_err(|e| e.to_string())
+        }) {
+        Ok(provider) => provider,
+        Err(e) => return fail(e),
+    };
     let config = crate::bench::BenchConfig {
         url: args.url,
         provider,
@@ -542,11 +662,7 @@ fn bench(args: BenchArgs) -> ExitCode {
         retry: args.retry,
         check_db: args.check_db,
     };
-    let secrets = match Secrets::from_env() {
-        Ok(secrets) => secrets,
-        Err(e) => return fail(e),
-    };
-    match crate::bench::run_bench(&config, &secrets) {
+    match crate::bench::run_bench(&config) {
         Ok(report) => {
             crate::outln!(
                 "{}",
@@ -563,15 +679,19 @@ fn bench(args: BenchArgs) -> ExitCode {
 }
 
 fn replay(args: ReplayArgs) -> ExitCode {
-    let secrets = match Secrets::from_env() {
-        Ok(secrets) => secrets,
+    let provider = match configure_providers(&Default::default())
+        .map_err(|e| e.to_string())
+        .and_then(|configured| {
+            crate::replay::choose_provider(&configured, args.provider.as_deref(), &args.url)
+                .map_err(|e| e.to_string())
+        }) {
+        Ok(provider) => provider,
         Err(e) => return fail(e),
     };
     let result = actix_web::rt::System::new().block_on(crate::replay::replay_files(
         &args.url,
-        args.provider,
+        provider.as_ref(),
         &args.files,
-        &secrets,
         SystemClock.now_unix(),
     ));
     match result {
@@ -710,7 +830,7 @@ fn events(command: EventsCommand) -> ExitCode {
     match command {
         EventsCommand::List {
             limit, provider, ..
-        } => match reads::list_events(&conn, provider.map(Provider::as_str), limit) {
+        } => match reads::list_events(&conn, provider.as_deref(), limit) {
             Ok(rows) => {
                 let rows = rows.into_iter().map(|row| {
                     [
@@ -738,7 +858,7 @@ fn events(command: EventsCommand) -> ExitCode {
             Err(e) => fail(e),
         },
         EventsCommand::Show { id, provider, .. } => {
-            match reads::find_events(&conn, &id, provider.map(Provider::as_str)) {
+            match reads::find_events(&conn, &id, provider.as_deref()) {
                 Ok(rows) if rows.is_empty() => fail(format!("no stored event with id {id}")),
                 Ok(rows) => {
                     for row in rows {

@@ -6,12 +6,9 @@ use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::providers::stripe::DEFAULT_TOLERANCE_SECS;
-use crate::store::events::Retention;
+use crate::providers::{Providers, REGISTRY};
 use crate::store::DEFAULT_BUSY_TIMEOUT;
 
-pub const ENV_STRIPE_SECRET: &str = "STRIPE_WEBHOOK_SECRET";
-pub const ENV_MIDTRANS_KEY: &str = "MIDTRANS_SERVER_KEY";
 pub const ENV_API_TOKENS: &str = "SEKALI_API_TOKENS";
 
 /// Idempotency keys of sekali's own API are kept a day, as Stripe keeps them.
@@ -19,25 +16,9 @@ pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 360
 
 /// 1 MiB: a Stripe event is a few kilobytes; anything near this is not a webhook.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
-/// Stripe retries for 3 days and the CLI resends events up to 30 days old.
-pub const DEFAULT_STRIPE_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
-/// Midtrans' five retries end within about 6 hours.
-pub const DEFAULT_MIDTRANS_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
 pub const DEFAULT_BATCH_MAX: usize = 256;
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
-
-/// The configured provider secrets. An empty Stripe list or a missing Midtrans key means that
-/// provider is not configured (its route answers 404).
-#[derive(Debug, Clone, Default)]
-pub struct Secrets {
-    /// Every listed secret is accepted (rotation).
-    pub stripe: Vec<SecretString>,
-    pub midtrans: Option<SecretString>,
-    /// Bearer tokens for the orders API, each with the name of the calling service; empty means
-    /// the orders API is off (404).
-    pub api_tokens: Vec<ApiToken>,
-}
 
 /// One `name:token` pair from `SEKALI_API_TOKENS`. The name identifies the calling service (keys
 /// are scoped to it); the token is compared in constant time and never printed.
@@ -54,50 +35,30 @@ pub enum ConfigError {
     #[error("{ENV_API_TOKENS}: entries {first} and {second} have the same token, so a caller could not be told apart (its Idempotency-Keys are scoped to its name); give each service its own")]
     SharedApiToken { first: usize, second: usize },
     #[error(
-        "refusing to start: no provider is configured. Set {ENV_STRIPE_SECRET} (comma-separated \
-         whsec_... secrets) and/or {ENV_MIDTRANS_KEY} (the Midtrans server key)"
+        "refusing to start: no provider is configured. Set {}",
+        secret_variables()
     )]
     NoProviderConfigured,
+    #[error("{0}")]
+    Provider(String),
 }
 
-impl Secrets {
-    /// Reads `STRIPE_WEBHOOK_SECRET` (comma-separated), `MIDTRANS_SERVER_KEY` and
-    /// `SEKALI_API_TOKENS` (comma-separated `name:token`).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        let mut secrets = Self::from_values(
-            std::env::var(ENV_STRIPE_SECRET).ok().as_deref(),
-            std::env::var(ENV_MIDTRANS_KEY).ok().as_deref(),
-        );
-        secrets.api_tokens =
-            parse_api_tokens(std::env::var(ENV_API_TOKENS).ok().as_deref().unwrap_or(""))?;
-        Ok(secrets)
-    }
+/// The variable that configures each provider, for the refusal to start without one.
+fn secret_variables() -> String {
+    REGISTRY
+        .iter()
+        .filter_map(|r| {
+            r.environment
+                .first()
+                .map(|(name, what)| format!("{name} ({what})"))
+        })
+        .collect::<Vec<_>>()
+        .join(", or ")
+}
 
-    pub fn from_values(stripe: Option<&str>, midtrans: Option<&str>) -> Self {
-        let stripe = stripe
-            .unwrap_or("")
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| SecretString::from(s.to_owned()))
-            .collect();
-        let midtrans = midtrans
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| SecretString::from(s.to_owned()));
-        Secrets {
-            stripe,
-            midtrans,
-            api_tokens: Vec::new(),
-        }
-    }
-
-    pub fn require_any(&self) -> Result<(), ConfigError> {
-        if self.stripe.is_empty() && self.midtrans.is_none() {
-            return Err(ConfigError::NoProviderConfigured);
-        }
-        Ok(())
-    }
+/// Reads `SEKALI_API_TOKENS` (comma-separated `name:token`); unset means the orders API is off.
+pub fn api_tokens_from_env() -> Result<Vec<ApiToken>, ConfigError> {
+    parse_api_tokens(std::env::var(ENV_API_TOKENS).ok().as_deref().unwrap_or(""))
 }
 
 /// Parses `name:token,name:token`; blank input means no tokens (the orders API is off). One
@@ -133,15 +94,16 @@ pub fn parse_api_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
 }
 
 /// Everything `sekali serve` needs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Settings {
     pub listen: String,
     pub db_path: PathBuf,
-    pub secrets: Secrets,
-    pub stripe_tolerance_secs: u64,
+    /// The configured providers; a provider not among them answers 404.
+    pub providers: Providers,
+    /// Bearer tokens for the orders API, each with the name of the calling service; empty means
+    /// the orders API is off (404).
+    pub api_tokens: Vec<ApiToken>,
     pub max_body_bytes: usize,
-    pub stripe_retention: Duration,
-    pub midtrans_retention: Duration,
     pub purge_interval: Duration,
     pub purge_batch: usize,
     pub batch_max: usize,
@@ -157,31 +119,28 @@ pub struct Settings {
     pub idempotency_retention: Duration,
     /// Cap on the database size in pages (see [`crate::store::WriterConfig::max_page_count`]).
     pub max_page_count: Option<u64>,
-    /// The outbox relay to run beside the server (`None`: `--no-relay`). Its `db_path` is
-    /// replaced by the server's.
+    /// The outbox relay to run beside the server (`None`: `--no-relay`).
     pub relay: Option<(
         crate::jobs::relay::RelayConfig,
         crate::mail::transport::MailConfig,
     )>,
     /// Install SIGTERM / ctrl-c handlers (off in tests, which stop the server themselves).
     pub handle_signals: bool,
-    /// Midtrans's status API, asked to confirm every Midtrans notification before it is applied
-    /// (`None`: notifications are applied as sent, `--midtrans-status-check off`). On by default
-    /// whenever a Midtrans server key is set.
-    pub midtrans_status: Option<crate::clients::midtrans_status::StatusApi>,
 }
 
 impl Settings {
-    /// Defaults for everything but the address, the database and the secrets.
-    pub fn new(listen: impl Into<String>, db_path: impl Into<PathBuf>, secrets: Secrets) -> Self {
+    /// Defaults for everything but the address, the database and the providers.
+    pub fn new(
+        listen: impl Into<String>,
+        db_path: impl Into<PathBuf>,
+        providers: Providers,
+    ) -> Self {
         Settings {
             listen: listen.into(),
             db_path: db_path.into(),
-            secrets: secrets.clone(),
-            stripe_tolerance_secs: DEFAULT_TOLERANCE_SECS,
+            providers,
+            api_tokens: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            stripe_retention: DEFAULT_STRIPE_RETENTION,
-            midtrans_retention: DEFAULT_MIDTRANS_RETENTION,
             purge_interval: DEFAULT_PURGE_INTERVAL,
             purge_batch: crate::store::purge::DEFAULT_PURGE_BATCH,
             batch_max: DEFAULT_BATCH_MAX,
@@ -194,22 +153,14 @@ impl Settings {
             max_page_count: None,
             relay: None,
             handle_signals: true,
-            midtrans_status: secrets.midtrans.as_ref().map(|key| {
-                use crate::clients::midtrans_status::{StatusApi, TIMEOUT};
-                StatusApi {
-                    base_url: StatusApi::default_url_for(key).to_owned(),
-                    server_key: key.clone(),
-                    timeout: TIMEOUT,
-                }
-            }),
         }
     }
 
-    pub fn retention(&self) -> Retention {
-        Retention {
-            stripe_secs: self.stripe_retention.as_secs() as i64,
-            midtrans_secs: self.midtrans_retention.as_secs() as i64,
+    pub fn require_a_provider(&self) -> Result<(), ConfigError> {
+        if self.providers.is_empty() {
+            return Err(ConfigError::NoProviderConfigured);
         }
+        Ok(())
     }
 }
 

@@ -42,47 +42,25 @@ fn bind_hint(source: &std::io::Error) -> &'static str {
     }
 }
 
-/// A Stripe webhook signing secret starts with `whsec_`. Pasting the API key (`sk_live_…`) or the
-/// publishable key instead is the classic first mistake, and then every delivery is a 401.
-fn warn_of_unlikely_stripe_secrets(settings: &Settings) {
-    use secrecy::ExposeSecret;
-    for (index, secret) in settings.secrets.stripe.iter().enumerate() {
-        let secret = secret.expose_secret();
-        if !secret.starts_with("whsec_") {
-            let kind = ["sk_", "rk_", "pk_"]
-                .iter()
-                .find(|prefix| secret.starts_with(*prefix))
-                .map_or("", |_| " (it looks like an API key)");
+/// What each provider says about its settings, and a retention shorter than the provider's
+/// redelivery window, which lets a redelivery after it count as new: allowed (tests and soaks
+/// shorten it on purpose), but said at startup.
+fn warn_of_provider_settings(settings: &Settings) {
+    for provider in settings.providers.iter() {
+        for warning in provider.startup_warnings() {
+            tracing::warn!(provider = %provider.name(), "{warning}");
+        }
+        if provider.retention() < provider.redelivery_window() {
+            let name = provider.name();
             tracing::warn!(
-                entry = index + 1,
-                "STRIPE_WEBHOOK_SECRET entry {} does not start with whsec_{kind}: Stripe signs \
-                 webhooks with the endpoint's signing secret (Dashboard → Developers → Webhooks → \
-                 the endpoint → Signing secret, or what `stripe listen` prints), and no other \
-                 key verifies a delivery",
-                index + 1
+                provider = %name,
+                "the {name} retention ({}) is shorter than the time in which {name} may deliver an \
+                 event again ({}): a redelivery after it is processed as a new event (raise it \
+                 with --retention {name}=DURATION)",
+                humantime::format_duration(provider.retention()),
+                humantime::format_duration(provider.redelivery_window()),
             );
         }
-    }
-}
-
-/// A retention shorter than the provider's redelivery window lets a redelivery after it count
-/// as new. Allowed (tests and soaks shorten it on purpose), but said at startup.
-fn warn_of_short_retention(settings: &Settings) {
-    const STRIPE_RESEND_WINDOW: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
-    const MIDTRANS_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
-    if !settings.secrets.stripe.is_empty() && settings.stripe_retention < STRIPE_RESEND_WINDOW {
-        tracing::warn!(
-            retention = %humantime::format_duration(settings.stripe_retention),
-            "--stripe-retention is shorter than Stripe's 30-day resend window (automatic retries \
-             last 3 days): a redelivery after it is processed as a new event"
-        );
-    }
-    if settings.secrets.midtrans.is_some() && settings.midtrans_retention < MIDTRANS_RETRY_WINDOW {
-        tracing::warn!(
-            retention = %humantime::format_duration(settings.midtrans_retention),
-            "--midtrans-retention is shorter than Midtrans' retries (about 6 hours): a retry \
-             after it is processed as a new event"
-        );
     }
 }
 
@@ -175,9 +153,8 @@ pub struct Application {
 
 impl Application {
     pub fn build(settings: Settings, clock: SharedClock) -> Result<Self, StartupError> {
-        settings.secrets.require_any()?;
-        warn_of_short_retention(&settings);
-        warn_of_unlikely_stripe_secrets(&settings);
+        settings.require_a_provider()?;
+        warn_of_provider_settings(&settings);
         // The address is bound first, so a port another server listens on is refused before the
         // database file is created; connections are accepted only once everything is ready.
         // (Two servers starting at the same moment can both bind, as SO_REUSEADDR allows until
@@ -198,9 +175,9 @@ impl Application {
                 db_path: settings.db_path.clone(),
                 batch_max: settings.batch_max,
                 queue_capacity: settings.queue_capacity,
-                retention: settings.retention(),
                 busy_timeout: settings.busy_timeout,
                 max_page_count: settings.max_page_count,
+                reread_parked: Some(crate::providers::read_stored),
             },
             clock.clone(),
         )?;
@@ -210,12 +187,10 @@ impl Application {
         let address = listener.local_addr().map_err(bind_error)?;
 
         let clock_for_relay = clock.clone();
-        let state_midtrans_check =
-            settings.midtrans_status.is_some() && settings.secrets.midtrans.is_some();
-        let refused = std::sync::Arc::new(routes::Refused::default());
+        let refused = std::sync::Arc::new(routes::Refused::new(&settings.providers));
         let state = web::Data::new(AppState {
-            secrets: settings.secrets.clone(),
-            stripe_tolerance_secs: settings.stripe_tolerance_secs,
+            providers: settings.providers.clone(),
+            api_tokens: settings.api_tokens.clone(),
             max_body_bytes: settings.max_body_bytes,
             clock,
             writer: writer.clone(),
@@ -223,10 +198,6 @@ impl Application {
             idempotency_retention_secs: settings.idempotency_retention.as_secs() as i64,
             in_flight: Default::default(),
             refused: refused.clone(),
-            midtrans_status: settings
-                .midtrans_status
-                .clone()
-                .filter(|_| settings.secrets.midtrans.is_some()),
         });
         let mut server = HttpServer::new(move || {
             App::new()
@@ -266,19 +237,25 @@ impl Application {
                 crate::jobs::relay::Queue::Writer(writer.clone()),
             )
         });
-        let mut webhook_urls = Vec::new();
-        if !settings.secrets.stripe.is_empty() {
-            webhook_urls.push("/webhooks/stripe");
-        }
-        if settings.secrets.midtrans.is_some() {
-            webhook_urls.push("/webhooks/midtrans");
-        }
+        let webhook_urls: Vec<String> = settings
+            .providers
+            .iter()
+            .map(|p| format!("/webhooks/{}", p.name()))
+            .collect();
+        let described: Vec<String> = settings
+            .providers
+            .iter()
+            .filter_map(|p| {
+                let text = p.describe();
+                (!text.is_empty()).then(|| format!("{}: {text}", p.name()))
+            })
+            .collect();
         tracing::info!(
             %address,
             db = %settings.db_path.display(),
             webhooks = %webhook_urls.join(" "),
-            orders_api = !settings.secrets.api_tokens.is_empty(),
-            midtrans_status_check = state_midtrans_check,
+            providers = %described.join("; "),
+            orders_api = !settings.api_tokens.is_empty(),
             relay = relay.is_some(),
             "sekali is listening; register https://<your host>{} with the provider{}",
             webhook_urls.join(" and https://<your host>"),

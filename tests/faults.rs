@@ -194,7 +194,7 @@ async fn a_poisoned_delivery_does_not_fail_api_work_queued_in_its_batch() {
     const TOKEN: &str = "tok-shop-faults";
     let scenario = FailScenario::setup();
     let app = spawn_app_with(|s| {
-        s.secrets.api_tokens = sekali::config::parse_api_tokens(&format!("shop:{TOKEN}")).unwrap();
+        s.api_tokens = sekali::config::parse_api_tokens(&format!("shop:{TOKEN}")).unwrap();
     })
     .await;
     let locker = rusqlite::Connection::open(&app.db_path).unwrap();

@@ -10,15 +10,14 @@ use proptest::sample::{select, Index};
 use secrecy::SecretString;
 use serde_json::{json, Map, Value};
 
-use sekali::domain::Provider;
 use sekali::providers::midtrans::{
     compute_signature_key, parse_notification, verify_midtrans_signature, with_signature_key,
 };
-use sekali::providers::normalise_stored;
 use sekali::providers::stripe::{
     compute_signature, parse_event, parse_signature_header, signature_header,
     verify_stripe_signature, SignatureError, DEFAULT_TOLERANCE_SECS, MAX_SIGNATURE_HEADER_BYTES,
 };
+use sekali::providers::{read_stored, REGISTRY};
 
 const TOLERANCE: u64 = DEFAULT_TOLERANCE_SECS;
 
@@ -424,8 +423,9 @@ fn parse_everything(bytes: &[u8]) {
         );
         let _ = notification.normalise();
     }
-    let _ = normalise_stored(Provider::Stripe, bytes);
-    let _ = normalise_stored(Provider::Midtrans, bytes);
+    for registration in REGISTRY {
+        let _ = read_stored(registration.name, bytes);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 //! itself. So every arrow of the state machine, every refund rule and every notice is here, and
 //! tested without a database.
 
-use super::{EmailAddress, NormalizedEvent, OrderStatus, Provider, StatusChange};
+use super::{EmailAddress, NormalizedEvent, OrderStatus, ProviderName, StatusChange};
 
 /// What happened to a delivery. The first six are stored in `processed_events.outcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +42,10 @@ impl Outcome {
 pub struct OrderState {
     /// Whose payments move it (`orders.provider`); its amounts are in that provider's minor
     /// units.
-    pub provider: Provider,
+    pub provider: ProviderName,
+    /// Decimals of its amounts (`orders.amount_exponent`), as its provider counts them; `None`
+    /// for orders written before sekali kept it.
+    pub exponent: Option<u32>,
     pub status: OrderStatus,
     /// Created through the API (its amount and currency are the shop's own).
     pub from_api: bool,
@@ -97,7 +100,8 @@ pub fn decide(
         let paid = target == OrderStatus::Paid;
         return Decision::Create {
             state: OrderState {
-                provider: event.provider,
+                provider: event.provider.clone(),
+                exponent: change.exponent,
                 status: target,
                 from_api: false,
                 amount: change.amount,
@@ -128,6 +132,7 @@ pub fn decide(
     // event, even one that does not move the status; they are not effects.
     let mut next = OrderState {
         amount: current.amount.or(change.amount),
+        exponent: current.exponent.or(change.exponent),
         currency: current.currency.clone().or_else(|| change.currency.clone()),
         customer_email: current.customer_email.clone().or_else(|| email.clone()),
         payment_ref: current
@@ -196,9 +201,9 @@ mod tests {
     use super::*;
     use crate::domain::OrderRef;
 
-    fn event(provider: Provider) -> NormalizedEvent {
+    fn event(provider: &str) -> NormalizedEvent {
         NormalizedEvent {
-            provider,
+            provider: ProviderName::new(provider).unwrap(),
             event_id: "evt_1".into(),
             event_type: "test".into(),
             order_ref: OrderRef::OrderId("ord_1".into()),
@@ -206,6 +211,7 @@ mod tests {
             change: None,
             legacy_event_id: None,
             detail: None,
+            retention: std::time::Duration::from_secs(60),
         }
     }
 
@@ -224,7 +230,8 @@ mod tests {
 
     fn order(status: OrderStatus) -> OrderState {
         OrderState {
-            provider: Provider::Stripe,
+            provider: ProviderName::new("stripe").unwrap(),
+            exponent: Some(2),
             status,
             from_api: false,
             amount: Some(1500),
@@ -238,7 +245,7 @@ mod tests {
     }
 
     fn decided(current: Option<&OrderState>, change: &StatusChange) -> (Outcome, OrderStatus) {
-        let decision = decide(current, &event(Provider::Stripe), change);
+        let decision = decide(current, &event("stripe"), change);
         let status = match &decision {
             Decision::Create { state } => state.status,
             Decision::Move { next, .. } | Decision::Keep { next, .. } => next.status,
@@ -287,12 +294,12 @@ mod tests {
     fn an_order_seen_first_is_created_in_the_reported_state() {
         let mut c = change(Paid);
         c.paid_amount = Some(1500);
-        let decision = decide(None, &event(Provider::Midtrans), &c);
+        let decision = decide(None, &event("midtrans"), &c);
         let Decision::Create { state } = decision else {
             panic!("{decision:?}")
         };
         assert_eq!(state.status, Paid);
-        assert_eq!(state.provider, Provider::Midtrans);
+        assert_eq!(state.provider, "midtrans");
         assert_eq!(
             (state.paid_amount, state.paid_currency.as_deref()),
             (Some(1500), Some("usd"))
@@ -301,7 +308,7 @@ mod tests {
 
     #[test]
     fn reaching_the_same_status_again_is_processed_without_a_move() {
-        let decision = decide(Some(&order(Paid)), &event(Provider::Stripe), &change(Paid));
+        let decision = decide(Some(&order(Paid)), &event("stripe"), &change(Paid));
         assert!(
             matches!(
                 decision,
@@ -320,7 +327,7 @@ mod tests {
         partly.refunded_amount = 500;
         let mut more = change(PartiallyRefunded);
         more.refunded_amount = Some(700);
-        let decision = decide(Some(&partly), &event(Provider::Stripe), &more);
+        let decision = decide(Some(&partly), &event("stripe"), &more);
         let Decision::Move {
             next,
             outcome,
@@ -365,7 +372,7 @@ mod tests {
         api_order.from_api = true;
         let mut paid_less = change(Paid);
         paid_less.paid_amount = Some(1000);
-        let decision = decide(Some(&api_order), &event(Provider::Stripe), &paid_less);
+        let decision = decide(Some(&api_order), &event("stripe"), &paid_less);
         let Decision::Move { next, outcome, .. } = decision else {
             panic!("{decision:?}")
         };
@@ -399,7 +406,7 @@ mod tests {
     fn a_reversal_of_a_paid_order_needs_review_and_carries_no_notice() {
         let mut deny = change(Cancelled);
         deny.reverses_payment = true;
-        let decision = decide(Some(&order(Paid)), &event(Provider::Midtrans), &deny);
+        let decision = decide(Some(&order(Paid)), &event("midtrans"), &deny);
         let Decision::Move { next, outcome, .. } = &decision else {
             panic!("{decision:?}")
         };
@@ -428,7 +435,7 @@ mod tests {
         bare.currency = None;
         let mut late = change(Pending);
         late.customer_email = Some(EmailAddress::parse("sari@toko.example").unwrap());
-        let decision = decide(Some(&bare), &event(Provider::Stripe), &late);
+        let decision = decide(Some(&bare), &event("stripe"), &late);
         let Decision::Keep { next, outcome } = decision else {
             panic!("{decision:?}")
         };

@@ -5,8 +5,23 @@ use std::fmt;
 /// Exactly one address (`name@example.com`): no display name, no list, no line breaks, no
 /// header after it. Parsed with lettre's RFC 5321 address parser, the one the mail transports
 /// use, so every transport receives the same single address.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct EmailAddress(String);
+
+impl TryFrom<String> for EmailAddress {
+    type Error = InvalidEmailAddress;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        EmailAddress::parse(&text)
+    }
+}
+
+impl From<EmailAddress> for String {
+    fn from(address: EmailAddress) -> String {
+        address.0
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("not a single email address such as name@example.com")]

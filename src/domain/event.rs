@@ -1,58 +1,63 @@
-//! The normalised form of a webhook event, shared by both providers.
+//! The normalised form of a webhook event, whatever its provider.
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use super::{EmailAddress, OrderStatus};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Provider {
-    Stripe,
-    Midtrans,
-}
+/// A payment provider's name (`stripe`, `midtrans`, `xendit`): its webhook route is
+/// `/webhooks/{name}`, and it is what `processed_events.provider` and `orders.provider` hold. The
+/// registry (`providers::REGISTRY`) says which names exist; past the edge a name is just text.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct ProviderName(String);
 
-impl Provider {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Provider::Stripe => "stripe",
-            Provider::Midtrans => "midtrans",
+impl ProviderName {
+    /// A name is 1-32 lower-case letters and digits: it stands in a URL path and a column.
+    pub fn new(name: &str) -> Result<Self, String> {
+        let valid = (1..=32).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        if valid {
+            Ok(ProviderName(name.to_owned()))
+        } else {
+            Err(format!(
+                "`{name}` is not a provider name (1-32 lower-case letters and digits)"
+            ))
         }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
-impl Provider {
-    /// Decimals of this provider's amounts in `currency`: Stripe's own table for Stripe, ISO
-    /// 4217 for Midtrans (whose `gross_amount` text sekali reads into ISO minor units).
-    pub fn amount_exponent(self, currency: &str) -> u32 {
-        match self {
-            Provider::Stripe => super::money::stripe_exponent(currency),
-            Provider::Midtrans => super::money::iso_exponent(currency),
-        }
-    }
-}
-
-impl fmt::Display for Provider {
+impl fmt::Display for ProviderName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(&self.0)
     }
 }
 
-impl FromStr for Provider {
+impl FromStr for ProviderName {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "stripe" => Ok(Provider::Stripe),
-            "midtrans" => Ok(Provider::Midtrans),
-            other => Err(format!(
-                "unknown provider `{other}` (expected stripe or midtrans)"
-            )),
-        }
+        ProviderName::new(s)
+    }
+}
+
+impl PartialEq<&str> for ProviderName {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
     }
 }
 
 /// How an event names the order it concerns.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OrderRef {
     /// The shop's own order id (Stripe `metadata.order_id` / `client_reference_id`, Midtrans
     /// `order_id`).
@@ -70,7 +75,7 @@ pub enum OrderRef {
 }
 
 /// What an event says about its order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StatusChange {
     pub target: OrderStatus,
     /// The order's amount in minor units, when the event states it.
@@ -93,10 +98,11 @@ pub struct StatusChange {
     pub reverses_payment: bool,
 }
 
-/// One verified delivery, reduced to what the store needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One verified delivery, reduced to what the store needs. Serialised as it is into a parked
+/// event's row, so that it is applied later without its provider.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NormalizedEvent {
-    pub provider: Provider,
+    pub provider: ProviderName,
     /// The provider's event id (`evt_…`), or the derived Midtrans id.
     pub event_id: String,
     pub event_type: String,
@@ -111,5 +117,14 @@ pub struct NormalizedEvent {
     pub legacy_event_id: Option<String>,
     /// Said in the answer to the sender, for an event acknowledged but not acted on for a reason
     /// the shop can fix (a Stripe thin event).
+    #[serde(skip)]
     pub detail: Option<&'static str>,
+    /// How long the event id is remembered (the provider's retention): a redelivery within it is
+    /// a duplicate.
+    #[serde(skip, default = "default_retention")]
+    pub retention: Duration,
+}
+
+fn default_retention() -> Duration {
+    Duration::ZERO
 }

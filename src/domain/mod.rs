@@ -9,7 +9,7 @@ pub mod text;
 
 pub use decision::{decide, Decision, OrderState, Outcome};
 pub use email::EmailAddress;
-pub use event::{NormalizedEvent, OrderRef, Provider, StatusChange};
+pub use event::{NormalizedEvent, OrderRef, ProviderName, StatusChange};
 pub use order::{Notice, OrderStatus};
 
 /// Lower-case hex of a digest. `hex::encode` builds its `String` one `char` at a time; this

@@ -1,6 +1,7 @@
 //! Money. Past the edge every amount is an integer in minor units, and its currency says how many
-//! decimals those units have: ISO 4217's exponent (JPY 0, USD 2, BHD 3), except for Stripe, whose
-//! amounts follow Stripe's own table ([`stripe_exponent`]).
+//! decimals those units have: ISO 4217's exponent (JPY 0, USD 2, BHD 3) unless the provider's own
+//! units differ (Stripe's table, in `providers::stripe`). The order keeps the exponent its
+//! provider gave it (`orders.amount_exponent`).
 //!
 //! People read amounts through CLDR, the Unicode locale data: `¥5,000`, `$15.00`, `BHD 1.500`,
 //! `Rp 150.000`. Symbols, grouping, decimals and where the symbol goes come from ICU4X's currency
@@ -16,30 +17,6 @@ pub fn iso_exponent(currency: &str) -> u32 {
     iso_currency::Currency::from_code(&currency.to_ascii_uppercase())
         .and_then(|c| c.exponent())
         .map_or(2, u32::from)
-}
-
-/// Decimals of a Stripe amount in `currency` (docs.stripe.com/currencies). Stripe's own table,
-/// not ISO 4217's: zero-decimal BIF, CLP, DJF, GNF, JPY, KMF, KRW, MGA, PYG, RWF, VND, VUV, XAF,
-/// XOF, XPF (`amount: 5000` in JPY is ¥5,000; ISO gives MGA two decimals); three-decimal BHD,
-/// JOD, KWD, OMR, TND; two for everything else. ISK and UGX are zero-decimal currencies that
-/// Stripe still represents with two decimals "for backwards compatibility" (`500` is 5 ISK), so
-/// they are two here although UGX also appears in Stripe's zero-decimal list; the special case
-/// is the one that governs charge amounts. HUF and TWD are two-decimal for charges (only manual
-/// payouts must be whole units).
-pub fn stripe_exponent(currency: &str) -> u32 {
-    const ZERO_DECIMAL: [&str; 15] = [
-        "BIF", "CLP", "DJF", "GNF", "JPY", "KMF", "KRW", "MGA", "PYG", "RWF", "VND", "VUV", "XAF",
-        "XOF", "XPF",
-    ];
-    const THREE_DECIMAL: [&str; 5] = ["BHD", "JOD", "KWD", "OMR", "TND"];
-    let code = currency.to_ascii_uppercase();
-    if ZERO_DECIMAL.contains(&code.as_str()) {
-        0
-    } else if THREE_DECIMAL.contains(&code.as_str()) {
-        3
-    } else {
-        2
-    }
 }
 
 /// Parses a decimal amount as Midtrans sends it (`"10000.00"`, `"10000"`, `"10000.5"`) into minor

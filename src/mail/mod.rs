@@ -107,15 +107,18 @@ pub fn render(email: &ClaimedEmail, from: &str) -> Result<RenderedEmail, RenderE
         .ok_or_else(|| RenderError::Recipient("no recipient".into()))?;
     let currency = params["currency"].as_str().unwrap_or("");
     let locale = locale_for(email.locale.as_deref(), Some(currency));
-    // Rows written before version 4 name no exponent: their amounts are in the provider's minor
-    // units (`provider` is the event's, `operator` or `api` for changes made by hand).
+    // Rows of orders older than schema version 5 name no exponent: their amounts are in the
+    // provider's minor units (`provider` is the event's, `operator` or `api` for changes made by
+    // hand, which count in ISO 4217's).
     let exponent_of = |currency: &str| {
         params["exponent"]
             .as_u64()
             .map(|e| e as u32)
-            .unwrap_or_else(|| match params["provider"].as_str() {
-                Some("stripe") => money::stripe_exponent(currency),
-                _ => money::iso_exponent(currency),
+            .unwrap_or_else(|| {
+                crate::providers::amount_exponent(
+                    params["provider"].as_str().unwrap_or(""),
+                    currency,
+                )
             })
     };
     let amount = params["amount"]

@@ -30,12 +30,212 @@ use serde::Deserialize;
 use sha2::{Digest, Sha512};
 use subtle::ConstantTimeEq;
 
-use super::PayloadError;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::LocalBoxFuture;
+
+use super::{
+    Headers, PayloadError, Provider, ProviderSettings, Registration, Rejection, SignedRequest,
+};
+use crate::clients::midtrans_status::{self, StatusApi};
 use crate::domain::money::{iso_exponent, parse_decimal_minor_units};
-use crate::domain::{EmailAddress, NormalizedEvent, OrderRef, OrderStatus, Provider, StatusChange};
+use crate::domain::{
+    EmailAddress, NormalizedEvent, OrderRef, OrderStatus, ProviderName, StatusChange,
+};
 
 /// Midtrans amounts are rupiah; notifications without a `currency` field are IDR.
 pub const DEFAULT_CURRENCY: &str = "IDR";
+
+pub const ENV_SERVER_KEY: &str = "MIDTRANS_SERVER_KEY";
+pub const ENV_STATUS_CHECK: &str = "SEKALI_MIDTRANS_STATUS_CHECK";
+
+/// Midtrans's five retries end within about 6 hours; ids are kept a week.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+const REDELIVERY_WINDOW: Duration = Duration::from_secs(6 * 3600);
+
+pub const REGISTRATION: Registration = Registration {
+    name: "midtrans",
+    configure,
+    environment: &[
+        (
+            ENV_SERVER_KEY,
+            "the Midtrans server key (SB-Mid-server-... in the sandbox)",
+        ),
+        (
+            ENV_STATUS_CHECK,
+            "on (default) or off: confirm each notification with Midtrans's status API",
+        ),
+        (
+            midtrans_status::ENV_API_URL,
+            "the status API's base URL (default: sandbox for an SB- key, else production)",
+        ),
+    ],
+    options: &[
+        (
+            "status-check",
+            "on or off (see SEKALI_MIDTRANS_STATUS_CHECK)",
+        ),
+        (
+            "api-url",
+            "the status API's base URL (see MIDTRANS_API_URL)",
+        ),
+    ],
+    amount_exponent: iso_exponent,
+    read_stored: None,
+};
+
+/// Midtrans, configured: its server key, and the status API that confirms each notification
+/// (`None`: notifications are applied as sent).
+pub struct Midtrans {
+    name: ProviderName,
+    server_key: SecretString,
+    retention: Duration,
+    status_api: Option<StatusApi>,
+}
+
+fn configure(settings: &ProviderSettings<'_>) -> Result<Option<Arc<dyn Provider>>, String> {
+    let Some(key) = settings.env(ENV_SERVER_KEY) else {
+        return Ok(None);
+    };
+    let server_key = SecretString::from(key.trim().to_owned());
+    let check = settings
+        .option("midtrans", "status-check")
+        .map(str::to_owned)
+        .or_else(|| settings.env(ENV_STATUS_CHECK))
+        .unwrap_or_else(|| "on".to_owned());
+    let status_api = match check.trim() {
+        "on" => {
+            let base_url = match settings
+                .option("midtrans", "api-url")
+                .map(str::to_owned)
+                .or_else(|| settings.env(midtrans_status::ENV_API_URL))
+            {
+                Some(url) => http_url(&url)?,
+                None => StatusApi::default_url_for(&server_key).to_owned(),
+            };
+            Some(StatusApi {
+                base_url,
+                server_key: server_key.clone(),
+                timeout: midtrans_status::TIMEOUT,
+            })
+        }
+        "off" => None,
+        other => {
+            return Err(format!(
+                "the Midtrans status check is `on` or `off`, not `{other}`"
+            ))
+        }
+    };
+    Ok(Some(Arc::new(Midtrans {
+        name: ProviderName::new("midtrans").expect("a valid name"),
+        server_key,
+        retention: settings.retention("midtrans", DEFAULT_RETENTION)?,
+        status_api,
+    })))
+}
+
+/// An `http://` or `https://` URL with a host, without a trailing `/`.
+fn http_url(text: &str) -> Result<String, String> {
+    match text.parse::<awc::http::Uri>() {
+        Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {
+            Ok(text.trim_end_matches('/').to_owned())
+        }
+        _ => Err(format!(
+            "the Midtrans status API URL `{text}` is not an http:// or https:// URL such as https://api.midtrans.com"
+        )),
+    }
+}
+
+impl Midtrans {
+    /// Midtrans with this server key, applying notifications as sent (`status_api` `None`) or
+    /// confirming them with the status API at that place (tests).
+    pub fn with_key(server_key: &str, status_api: Option<StatusApi>) -> Midtrans {
+        Midtrans {
+            name: ProviderName::new("midtrans").expect("a valid name"),
+            server_key: SecretString::from(server_key.to_owned()),
+            retention: DEFAULT_RETENTION,
+            status_api,
+        }
+    }
+}
+
+impl Provider for Midtrans {
+    fn name(&self) -> &ProviderName {
+        &self.name
+    }
+
+    fn verify<'a>(
+        &'a self,
+        _headers: &'a dyn Headers,
+        body: &'a [u8],
+        _now_unix: i64,
+    ) -> LocalBoxFuture<'a, Result<NormalizedEvent, Rejection>> {
+        Box::pin(async move {
+            let mut notification = parse_notification(body)?;
+            let unauthorized = |e: SignatureError| Rejection::unauthorized(e.to_string());
+            verify_midtrans_signature(&notification, &self.server_key).map_err(unauthorized)?;
+            check_status_code(&notification).map_err(unauthorized)?;
+            if let Some(api) = &self.status_api {
+                let not_confirmed = |e: &dyn std::fmt::Display| {
+                    Rejection::not_confirmed(format!("not confirmed by Midtrans's status API: {e}"))
+                };
+                let answer = api
+                    .fetch(&notification.order_id)
+                    .await
+                    .map_err(|e| not_confirmed(&e))?;
+                notification = notification
+                    .confirmed_by(&answer)
+                    .map_err(|e| not_confirmed(&e))?;
+            }
+            let mut event = notification.normalise();
+            event.retention = self.retention;
+            Ok(event)
+        })
+    }
+
+    fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    fn redelivery_window(&self) -> Duration {
+        REDELIVERY_WINDOW
+    }
+
+    fn sign(&self, body: &[u8], _now_unix: i64) -> Result<SignedRequest, String> {
+        Ok(SignedRequest {
+            body: with_signature_key(body, self.server_key.expose_secret())?,
+            headers: vec![("User-Agent", "Veritrans".into())],
+        })
+    }
+
+    fn sample_payment(&self, order_id: &str, n: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "transaction_time": "2026-11-29 10:00:00",
+            "transaction_status": "settlement",
+            "transaction_id": format!("bench-{n}"),
+            "status_message": "midtrans payment notification",
+            "status_code": "200",
+            "settlement_time": "2026-11-29 10:00:05",
+            "payment_type": "bank_transfer",
+            "order_id": order_id,
+            "merchant_id": "G141532850",
+            "gross_amount": "150000.00",
+            "fraud_status": "accept",
+            "currency": "IDR",
+            "va_numbers": [{"va_number": "12345678901", "bank": "bca"}],
+            "signature_key": "",
+        }))
+        .expect("serialising a JSON value")
+    }
+
+    fn describe(&self) -> String {
+        match &self.status_api {
+            Some(api) => format!("status check on, {}", api.base_url),
+            None => "status check off".into(),
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
@@ -322,7 +522,7 @@ impl Notification {
             reverses_payment: self.reverses_payment(),
         });
         NormalizedEvent {
-            provider: Provider::Midtrans,
+            provider: ProviderName::new("midtrans").expect("a valid name"),
             event_id,
             event_type: self.transaction_status,
             order_ref: OrderRef::OrderId(self.order_id),
@@ -330,6 +530,7 @@ impl Notification {
             change,
             legacy_event_id,
             detail: None,
+            retention: DEFAULT_RETENTION,
         }
     }
 

@@ -6,15 +6,215 @@
 //! one `v1` per active secret), `v0` and unknown schemes are ignored, and the comparison is
 //! constant-time. Unlike stripe-node, the tolerance applies in both directions.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::{ready, LocalBoxFuture};
 use hmac::{Hmac, Mac};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use sha2::Sha256;
 
-use super::PayloadError;
-use crate::domain::{EmailAddress, NormalizedEvent, OrderRef, OrderStatus, Provider, StatusChange};
+use super::{
+    Headers, PayloadError, Provider, ProviderSettings, Registration, Rejection, SignedRequest,
+};
+use crate::domain::{
+    EmailAddress, NormalizedEvent, OrderRef, OrderStatus, ProviderName, StatusChange,
+};
 
 type HmacSha256 = Hmac<Sha256>;
+
+pub const ENV_SECRET: &str = "STRIPE_WEBHOOK_SECRET";
+
+/// Stripe retries for 3 days and `stripe events resend` reaches back 30: ids are kept 30 days.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+pub const REGISTRATION: Registration = Registration {
+    name: "stripe",
+    configure,
+    environment: &[(
+        ENV_SECRET,
+        "Stripe endpoint signing secrets (whsec_...), comma-separated while rolling",
+    )],
+    options: &[(
+        "tolerance",
+        "accepted distance in seconds between a signature's timestamp and now, both ways (300)",
+    )],
+    amount_exponent,
+    read_stored: Some(parse_event),
+};
+
+/// Stripe, configured: the endpoint's signing secrets (every one is accepted, for rotation).
+pub struct Stripe {
+    name: ProviderName,
+    secrets: Vec<SecretString>,
+    tolerance_secs: u64,
+    retention: Duration,
+}
+
+fn configure(settings: &ProviderSettings<'_>) -> Result<Option<Arc<dyn Provider>>, String> {
+    let secrets: Vec<SecretString> = settings
+        .env(ENV_SECRET)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| SecretString::from(s.to_owned()))
+        .collect();
+    if secrets.is_empty() {
+        return Ok(None);
+    }
+    let tolerance_secs = match settings.option("stripe", "tolerance") {
+        None => DEFAULT_TOLERANCE_SECS,
+        Some(text) => text.parse::<u64>().ok().filter(|&t| t > 0).ok_or_else(|| {
+            format!("the Stripe tolerance `{text}` is not a whole number of seconds above zero")
+        })?,
+    };
+    Ok(Some(Arc::new(Stripe {
+        name: ProviderName::new("stripe").expect("a valid name"),
+        secrets,
+        tolerance_secs,
+        retention: settings.retention("stripe", DEFAULT_RETENTION)?,
+    })))
+}
+
+impl Stripe {
+    /// Stripe with these secrets and defaults for the rest (tests, benchmarks).
+    pub fn with_secrets(secrets: &[&str]) -> Stripe {
+        Stripe {
+            name: ProviderName::new("stripe").expect("a valid name"),
+            secrets: secrets
+                .iter()
+                .map(|s| SecretString::from(s.to_string()))
+                .collect(),
+            tolerance_secs: DEFAULT_TOLERANCE_SECS,
+            retention: DEFAULT_RETENTION,
+        }
+    }
+}
+
+impl Provider for Stripe {
+    fn name(&self) -> &ProviderName {
+        &self.name
+    }
+
+    fn verify<'a>(
+        &'a self,
+        headers: &'a dyn Headers,
+        body: &'a [u8],
+        now_unix: i64,
+    ) -> LocalBoxFuture<'a, Result<NormalizedEvent, Rejection>> {
+        Box::pin(ready((|| {
+            let header = super::header_text(headers, "Stripe-Signature")?;
+            verify_stripe_signature(header, body, &self.secrets, now_unix, self.tolerance_secs)
+                .map_err(|e| match e {
+                    SignatureError::MissingHeader | SignatureError::MalformedHeader(_) => {
+                        Rejection::malformed(e.to_string())
+                    }
+                    SignatureError::TimestampOutsideTolerance { .. }
+                    | SignatureError::NoMatchingSignature => Rejection::unauthorized(e.to_string()),
+                })?;
+            let mut event = parse_event(body)?;
+            event.retention = self.retention;
+            Ok(event)
+        })()))
+    }
+
+    fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    fn redelivery_window(&self) -> Duration {
+        DEFAULT_RETENTION
+    }
+
+    fn sign(&self, body: &[u8], now_unix: i64) -> Result<SignedRequest, String> {
+        let secret = self.secrets.first().ok_or("no Stripe secret")?;
+        Ok(SignedRequest {
+            body: body.to_vec(),
+            headers: vec![
+                (
+                    "Stripe-Signature",
+                    signature_header(&[secret.expose_secret()], now_unix, body),
+                ),
+                (
+                    "User-Agent",
+                    "Stripe/1.0 (+https://stripe.com/docs/webhooks)".into(),
+                ),
+            ],
+        })
+    }
+
+    fn sample_payment(&self, order_id: &str, n: &str) -> Vec<u8> {
+        sample_payment_intent_succeeded(order_id, n)
+    }
+
+    fn startup_warnings(&self) -> Vec<String> {
+        // A webhook signing secret starts with `whsec_`. Pasting the API key (`sk_live_…`) or
+        // the publishable key instead is the classic first mistake, after which every delivery
+        // is a 401.
+        self.secrets
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.expose_secret().starts_with("whsec_"))
+            .map(|(index, secret)| {
+                let kind = ["sk_", "rk_", "pk_"]
+                    .iter()
+                    .find(|prefix| secret.expose_secret().starts_with(*prefix))
+                    .map_or("", |_| " (it looks like an API key)");
+                format!(
+                    "{ENV_SECRET} entry {} does not start with whsec_{kind}: Stripe signs webhooks \
+                     with the endpoint's signing secret (Dashboard → Developers → Webhooks → the \
+                     endpoint → Signing secret, or what `stripe listen` prints), and no other key \
+                     verifies a delivery",
+                    index + 1
+                )
+            })
+            .collect()
+    }
+}
+
+/// A `payment_intent.succeeded` shaped as Stripe sends it (about 1.5 KB), for `order_id`, its
+/// ids ending in `n`. Built from a template split once at its placeholders: the load generator
+/// shares the cores with the server, so it should spend as little as it can.
+fn sample_payment_intent_succeeded(order_id: &str, n: &str) -> Vec<u8> {
+    static PIECES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    const N: &str = "@@N@@";
+    const ORDER: &str = "@@ORDER@@";
+    let pieces = PIECES.get_or_init(|| {
+        let body = serde_json::to_string_pretty(&serde_json::json!({
+            "id": format!("evt_bench_{N}"),
+            "object": "event",
+            "api_version": "2024-06-20",
+            "created": 1_732_870_000,
+            "livemode": false,
+            "pending_webhooks": 1,
+            "request": {"id": null, "idempotency_key": null},
+            "type": "payment_intent.succeeded",
+            "data": {"object": {
+                "id": format!("pi_bench_{N}"),
+                "object": "payment_intent",
+                "amount": 2500, "amount_capturable": 0, "amount_received": 2500,
+                "capture_method": "automatic", "confirmation_method": "automatic",
+                "created": 1_732_869_990, "currency": "usd",
+                "description": "sekali bench order",
+                "latest_charge": format!("ch_bench_{N}"),
+                "livemode": false,
+                "metadata": {"order_id": ORDER},
+                "payment_method": format!("pm_bench_{N}"),
+                "payment_method_types": ["card"],
+                "receipt_email": format!("customer{N}@example.com"),
+                "status": "succeeded",
+                "shipping": null, "statement_descriptor": null,
+            }},
+        }))
+        .expect("serialising a JSON value");
+        body.split(ORDER).map(str::to_owned).collect()
+    });
+    let order_id = serde_json::to_string(order_id).expect("a string serialises");
+    let order_id = &order_id[1..order_id.len() - 1];
+    pieces.join(order_id).replace(N, n).into_bytes()
+}
 
 /// Default accepted distance between the signed timestamp and now, both directions.
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
@@ -145,7 +345,29 @@ pub fn signature_header(secrets: &[&str], timestamp: i64, body: &[u8]) -> String
     header
 }
 
-pub use crate::domain::money::stripe_exponent as amount_exponent;
+/// Decimals of a Stripe amount in `currency` (docs.stripe.com/currencies). Stripe's own table,
+/// not ISO 4217's: zero-decimal BIF, CLP, DJF, GNF, JPY, KMF, KRW, MGA, PYG, RWF, VND, VUV, XAF,
+/// XOF, XPF (`amount: 5000` in JPY is ¥5,000; ISO gives MGA two decimals); three-decimal BHD,
+/// JOD, KWD, OMR, TND; two for everything else. ISK and UGX are zero-decimal currencies that
+/// Stripe still represents with two decimals "for backwards compatibility" (`500` is 5 ISK), so
+/// they are two here although UGX also appears in Stripe's zero-decimal list; the special case
+/// is the one that governs charge amounts. HUF and TWD are two-decimal for charges (only manual
+/// payouts must be whole units).
+pub fn amount_exponent(currency: &str) -> u32 {
+    const ZERO_DECIMAL: [&str; 15] = [
+        "BIF", "CLP", "DJF", "GNF", "JPY", "KMF", "KRW", "MGA", "PYG", "RWF", "VND", "VUV", "XAF",
+        "XOF", "XPF",
+    ];
+    const THREE_DECIMAL: [&str; 5] = ["BHD", "JOD", "KWD", "OMR", "TND"];
+    let code = currency.to_ascii_uppercase();
+    if ZERO_DECIMAL.contains(&code.as_str()) {
+        0
+    } else if THREE_DECIMAL.contains(&code.as_str()) {
+        3
+    } else {
+        2
+    }
+}
 
 /// What every Stripe event has, read before anything that depends on its type. `data.object` is
 /// kept raw: only the types sekali acts on are parsed further, so an event of any other type is
@@ -268,7 +490,7 @@ pub fn parse_event(body: &[u8]) -> Result<NormalizedEvent, PayloadError> {
         return Err(PayloadError::InvalidEvent("field `id` is empty".into()));
     }
     let ignored = |detail: Option<&'static str>| NormalizedEvent {
-        provider: Provider::Stripe,
+        provider: stripe_name(),
         event_id: envelope.id.clone(),
         event_type: envelope.kind.clone(),
         order_ref: OrderRef::None,
@@ -276,6 +498,7 @@ pub fn parse_event(body: &[u8]) -> Result<NormalizedEvent, PayloadError> {
         change: None,
         legacy_event_id: None,
         detail,
+        retention: DEFAULT_RETENTION,
     };
     if envelope.object.as_deref() == Some("v2.core.event") {
         warn_of_thin_events_once(&envelope.kind);
@@ -450,7 +673,7 @@ fn normalise_handled(event_id: String, kind: String, object: EventObject) -> Nor
     });
 
     NormalizedEvent {
-        provider: Provider::Stripe,
+        provider: stripe_name(),
         event_id,
         event_type: kind,
         order_ref,
@@ -458,7 +681,12 @@ fn normalise_handled(event_id: String, kind: String, object: EventObject) -> Nor
         change,
         legacy_event_id: None,
         detail: None,
+        retention: DEFAULT_RETENTION,
     }
+}
+
+fn stripe_name() -> ProviderName {
+    ProviderName::new("stripe").expect("a valid name")
 }
 
 #[cfg(test)]

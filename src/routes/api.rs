@@ -38,7 +38,7 @@ fn authenticate(req: &HttpRequest) -> Result<ApiClient, Problem> {
     let state = req
         .app_data::<web::Data<AppState>>()
         .expect("AppState is registered");
-    let tokens = &state.secrets.api_tokens;
+    let tokens = &state.api_tokens;
     if tokens.is_empty() {
         return Err(Problem::api_disabled());
     }

@@ -9,19 +9,23 @@ mod orders;
 pub mod problem;
 mod webhooks;
 
-use actix_web::{web, HttpResponse};
-use secrecy::SecretString;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use error::WebhookError;
+use actix_web::{web, HttpResponse};
+
+pub use error::{WebhookError, NOT_CONFIRMED};
 
 use crate::clock::SharedClock;
-use crate::config::Secrets;
+use crate::domain::ProviderName;
+use crate::providers::Providers;
 use crate::store::{ReadPool, Writer};
 
 /// Shared by every worker.
 pub struct AppState {
-    pub secrets: Secrets,
-    pub stripe_tolerance_secs: u64,
+    /// The configured providers: `/webhooks/{name}` of any other answers 404.
+    pub providers: Providers,
+    /// Bearer tokens of the orders API; empty means it is off (404).
+    pub api_tokens: Vec<crate::config::ApiToken>,
     pub max_body_bytes: usize,
     pub clock: SharedClock,
     pub writer: Writer,
@@ -31,35 +35,34 @@ pub struct AppState {
     pub in_flight: api::InFlightKeys,
     /// Deliveries refused because the write queue was full, not yet logged.
     pub refused: std::sync::Arc<Refused>,
-    /// Confirms each Midtrans notification before it is applied (`None`: off).
-    pub midtrans_status: Option<crate::clients::midtrans_status::StatusApi>,
 }
 
 /// Deliveries answered 503 because the write queue was full, per provider, since the last
 /// [`Refused::report`]: the log gets one line a second with a count, not one per refusal.
 #[derive(Debug, Default)]
-pub struct Refused {
-    stripe: std::sync::atomic::AtomicU64,
-    midtrans: std::sync::atomic::AtomicU64,
-}
+pub struct Refused(Vec<(ProviderName, AtomicU64)>);
 
 impl Refused {
-    fn add(&self, provider: crate::domain::Provider) {
-        let count = match provider {
-            crate::domain::Provider::Stripe => &self.stripe,
-            crate::domain::Provider::Midtrans => &self.midtrans,
-        };
-        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// A counter for each of `providers`.
+    pub fn new(providers: &Providers) -> Self {
+        Refused(
+            providers
+                .iter()
+                .map(|p| (p.name().clone(), AtomicU64::new(0)))
+                .collect(),
+        )
+    }
+
+    fn add(&self, provider: &ProviderName) {
+        if let Some((_, count)) = self.0.iter().find(|(name, _)| name == provider) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Logs, per provider, the refusals since the last call, if any.
     pub fn report(&self) {
-        use crate::domain::Provider;
-        for (provider, count) in [
-            (Provider::Stripe, &self.stripe),
-            (Provider::Midtrans, &self.midtrans),
-        ] {
-            let refused = count.swap(0, std::sync::atomic::Ordering::Relaxed);
+        for (provider, count) in &self.0 {
+            let refused = count.swap(0, Ordering::Relaxed);
             if refused > 0 {
                 tracing::warn!(
                     %provider,
@@ -71,18 +74,11 @@ impl Refused {
     }
 }
 
-impl AppState {
-    fn stripe_secrets(&self) -> Option<&[SecretString]> {
-        (!self.secrets.stripe.is_empty()).then_some(self.secrets.stripe.as_slice())
-    }
-}
-
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
-        resource("/webhooks/stripe", "POST").route(web::post().to(webhooks::stripe_webhook)),
-    )
-    .service(
-        resource("/webhooks/midtrans", "POST").route(web::post().to(webhooks::midtrans_webhook)),
+        web::resource("/webhooks/{provider}")
+            .route(web::post().to(webhooks::webhook))
+            .default_service(web::to(webhooks::other_method)),
     )
     .service(
         resource("/healthz", "GET, HEAD")
@@ -108,11 +104,13 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 /// (someone opening a webhook URL in a browser learns the URL is right), not the 404 of a path
 /// that does not exist.
 fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
-    web::resource(path).default_service(web::to(move || async move {
-        HttpResponse::MethodNotAllowed()
-            .insert_header((actix_web::http::header::ALLOW, allow))
-            .json(serde_json::json!({ "error": format!("method not allowed; use {allow}") }))
-    }))
+    web::resource(path).default_service(web::to(move || async move { method_not_allowed(allow) }))
+}
+
+fn method_not_allowed(allow: &'static str) -> HttpResponse {
+    HttpResponse::MethodNotAllowed()
+        .insert_header((actix_web::http::header::ALLOW, allow))
+        .json(serde_json::json!({ "error": format!("method not allowed; use {allow}") }))
 }
 
 /// Why a request body was not read.
@@ -144,6 +142,6 @@ pub(crate) async fn read_limited_body(
     }
 }
 
-async fn not_found() -> HttpResponse {
+pub(crate) async fn not_found() -> HttpResponse {
     HttpResponse::NotFound().json(serde_json::json!({ "error": "not found" }))
 }

@@ -6,7 +6,8 @@ use serde::Deserialize;
 use super::api::{self, ApiClient, IdempotencyKey};
 use super::problem::Problem;
 use super::AppState;
-use crate::domain::{EmailAddress, OrderStatus, Provider};
+use crate::domain::{EmailAddress, OrderStatus};
+use crate::providers;
 use crate::store::idempotency::StoredResponse;
 use crate::store::orders::{self, NewOrder};
 
@@ -58,10 +59,11 @@ fn validate(body: &[u8]) -> Result<(CreateOrderRequest, serde_json::Value), Prob
             "currency must be a three-letter code such as usd or IDR",
         ));
     }
-    if request.provider.parse::<Provider>().is_err() {
-        return Err(Problem::invalid_request(
-            "provider must be `stripe` or `midtrans`",
-        ));
+    if !providers::is_registered(&request.provider) {
+        return Err(Problem::invalid_request(format!(
+            "provider must be one of {}",
+            providers::known()
+        )));
     }
     if let Some(email) = &request.customer_email {
         // Exactly one address: a list or a header smuggled after it would reach every transport.
@@ -114,6 +116,7 @@ pub async fn create_order(
     let order = NewOrder {
         order_id: request.order_id.unwrap_or_else(generated_order_id),
         amount: request.amount,
+        exponent: providers::amount_exponent(&request.provider, &request.currency),
         currency: request.currency,
         provider: request.provider,
         customer_email: request.customer_email,

@@ -1,10 +1,15 @@
+//! The one webhook handler: `/webhooks/{provider}` for every configured provider. The provider
+//! verifies the delivery; this reads the body within its limit, hands the event to the writer,
+//! and answers as the provider's retry protocol wants.
+
+use actix_web::http::header::HeaderMap;
 use actix_web::web::{self, Bytes};
-use actix_web::{HttpRequest, HttpResponse};
+use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use tracing::field::Empty;
 
 use super::{read_limited_body, AppState, BodyError, WebhookError};
-use crate::domain::{NormalizedEvent, Provider};
-use crate::providers::{midtrans, stripe, PayloadError};
+use crate::domain::{NormalizedEvent, ProviderName};
+use crate::providers::{self, Headers, PayloadError, Provider};
 use crate::store::{Outcome, WriteError};
 
 /// What a recorded delivery is answered with.
@@ -14,94 +19,70 @@ pub(super) struct Recorded {
     detail: Option<&'static str>,
 }
 
-pub async fn stripe_webhook(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-) -> HttpResponse {
-    // At `debug` only: at the default level a delivery that succeeds formats nothing. The
-    // lines logged at `info` and above carry the provider (and the event id) themselves.
-    let span = tracing::debug_span!(
-        "delivery",
-        provider = "stripe",
-        event_id = Empty,
-        outcome = Empty
-    );
-    let result =
-        tracing::Instrument::instrument(handle_stripe(req, payload, &state), span.clone()).await;
-    respond(Provider::Stripe, &span, result, &state.refused)
-}
+/// A request's headers, as a provider reads them.
+struct RequestHeaders<'a>(&'a HeaderMap);
 
-pub async fn midtrans_webhook(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-) -> HttpResponse {
-    // At `debug` only: at the default level a delivery that succeeds formats nothing. The
-    // lines logged at `info` and above carry the provider (and the event id) themselves.
-    let span = tracing::debug_span!(
-        "delivery",
-        provider = "midtrans",
-        event_id = Empty,
-        outcome = Empty
-    );
-    let result =
-        tracing::Instrument::instrument(handle_midtrans(payload, req, &state), span.clone()).await;
-    respond(Provider::Midtrans, &span, result, &state.refused)
-}
-
-async fn handle_stripe(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: &AppState,
-) -> Result<Recorded, WebhookError> {
-    let secrets = state
-        .stripe_secrets()
-        .ok_or(WebhookError::NotConfigured(Provider::Stripe))?;
-    let body = read_body(&req, payload, state.max_body_bytes).await?;
-    let header = match req.headers().get("Stripe-Signature") {
-        Some(value) => Some(
-            value
-                .to_str()
-                .map_err(|_| WebhookError::SignatureHeaderNotAscii)?,
-        ),
-        None => None,
-    };
-    stripe::verify_stripe_signature(
-        header,
-        &body,
-        secrets,
-        state.clock.now_unix(),
-        state.stripe_tolerance_secs,
-    )?;
-    let event = stripe::parse_event(&body)?;
-    record(state, event, body).await
-}
-
-async fn handle_midtrans(
-    payload: web::Payload,
-    req: HttpRequest,
-    state: &AppState,
-) -> Result<Recorded, WebhookError> {
-    let server_key = state
-        .secrets
-        .midtrans
-        .as_ref()
-        .ok_or(WebhookError::NotConfigured(Provider::Midtrans))?;
-    let body = read_body(&req, payload, state.max_body_bytes).await?;
-    let mut notification = midtrans::parse_notification(&body)?;
-    midtrans::verify_midtrans_signature(&notification, server_key)?;
-    midtrans::check_status_code(&notification)?;
-    if let Some(api) = &state.midtrans_status {
-        let answer = api
-            .fetch(&notification.order_id)
-            .await
-            .map_err(|e| WebhookError::NotConfirmed(e.to_string()))?;
-        notification = notification
-            .confirmed_by(&answer)
-            .map_err(|e| WebhookError::NotConfirmed(e.to_string()))?;
+impl Headers for RequestHeaders<'_> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.get(name).map(|value| value.as_bytes())
     }
-    record(state, notification.normalise(), body).await
+}
+
+pub async fn webhook(
+    req: HttpRequest,
+    name: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let Some(provider) = state.providers.get(&name).cloned() else {
+        if providers::is_registered(&name) {
+            let error = WebhookError::NotConfigured(name.into_inner());
+            tracing::info!(status = 404, error = %error, "delivery rejected");
+            return error.error_response();
+        }
+        return super::not_found().await;
+    };
+    // At `debug` only: at the default level a delivery that succeeds formats nothing. The
+    // lines logged at `info` and above carry the provider (and the event id) themselves.
+    let span = tracing::debug_span!(
+        "delivery",
+        provider = provider.name().as_str(),
+        event_id = Empty,
+        outcome = Empty
+    );
+    let result = tracing::Instrument::instrument(
+        handle(&req, payload, provider.as_ref(), &state),
+        span.clone(),
+    )
+    .await;
+    respond(provider.name(), &span, result, &state.refused)
+}
+
+/// Another method on a webhook URL: 405 for a provider sekali knows (someone opening the URL in
+/// a browser learns it is right), 404 for any other name.
+pub async fn other_method(name: web::Path<String>) -> HttpResponse {
+    if providers::is_registered(&name) {
+        super::method_not_allowed("POST")
+    } else {
+        super::not_found().await
+    }
+}
+
+async fn handle(
+    req: &HttpRequest,
+    payload: web::Payload,
+    provider: &dyn Provider,
+    state: &AppState,
+) -> Result<Recorded, WebhookError> {
+    let body = read_body(req, payload, state.max_body_bytes).await?;
+    let event = provider
+        .verify(
+            &RequestHeaders(req.headers()),
+            &body,
+            state.clock.now_unix(),
+        )
+        .await?;
+    record(state, event, body).await
 }
 
 async fn read_body(
@@ -127,7 +108,8 @@ async fn record(
     // in skipped content, which is refused here rather than stored lossily.
     let payload = String::from_utf8(Vec::from(body))
         .map_err(|_| PayloadError::InvalidJson("the body is not valid UTF-8".into()))?;
-    let (provider, event_id, detail) = (event.provider, event.event_id.clone(), event.detail);
+    let (provider, event_id, detail) =
+        (event.provider.clone(), event.event_id.clone(), event.detail);
     let outcome = state
         .writer
         .record(event, payload)
@@ -152,7 +134,7 @@ async fn record(
 }
 
 fn respond(
-    provider: Provider,
+    provider: &ProviderName,
     span: &tracing::Span,
     result: Result<Recorded, WebhookError>,
     refused: &super::Refused,
@@ -173,21 +155,24 @@ fn respond(
             HttpResponse::Ok().json(body)
         }
         Err(error) => {
-            use actix_web::ResponseError;
-            match error {
+            match &error {
                 // Logged where the event id is known, in `record`.
                 WebhookError::Unavailable(_) => {}
                 // Counted, and logged once a second (`Refused::report`): under overload there
                 // can be tens of thousands a second, and a line each would bury the log.
                 WebhookError::Overloaded => refused.add(provider),
-                // Not our fault and not the sender's: Midtrans retries, and a real notification
+                // Not our fault and not the sender's: the provider retries, and a real delivery
                 // is confirmed then. Said at warn, as the reasons that are settings (a key for
                 // the wrong environment) keep it up until someone looks.
-                WebhookError::NotConfirmed(_) => tracing::warn!(
-                    %provider,
-                    error = %crate::domain::text::Escaped(&error.to_string()),
-                    "delivery not confirmed; answered 503 so that it is sent again"
-                ),
+                WebhookError::Rejected(rejection)
+                    if rejection.kind == providers::RejectionKind::NotConfirmed =>
+                {
+                    tracing::warn!(
+                        %provider,
+                        error = %crate::domain::text::Escaped(&error.to_string()),
+                        "delivery not confirmed; answered 503 so that it is sent again"
+                    )
+                }
                 // The message can quote the sender's input (serde names what it found), so it
                 // is escaped: a stranger's text cannot start a line of its own.
                 _ => tracing::info!(

@@ -13,25 +13,9 @@ use super::StoreError;
 use crate::clock::iso_seconds;
 pub use crate::domain::Outcome;
 use crate::domain::{
-    decide, Decision, NormalizedEvent, OrderRef, OrderState, OrderStatus, Provider, StatusChange,
+    decide, Decision, NormalizedEvent, OrderRef, OrderState, OrderStatus, ProviderName,
+    StatusChange,
 };
-use crate::providers::normalise_stored;
-
-/// How long each provider's event ids are kept, in seconds.
-#[derive(Debug, Clone, Copy)]
-pub struct Retention {
-    pub stripe_secs: i64,
-    pub midtrans_secs: i64,
-}
-
-impl Retention {
-    pub fn for_provider(&self, provider: Provider) -> i64 {
-        match provider {
-            Provider::Stripe => self.stripe_secs,
-            Provider::Midtrans => self.midtrans_secs,
-        }
-    }
-}
 
 /// Claims `event` and applies its effects. `payload` is the raw verified body.
 ///
@@ -42,16 +26,16 @@ pub fn record_event_and_apply(
     event: &NormalizedEvent,
     payload: &str,
     now_unix: i64,
-    retention: &Retention,
 ) -> Result<Outcome, StoreError> {
     let now = iso_seconds(now_unix);
-    let expires_at = iso_seconds(now_unix + retention.for_provider(event.provider));
+    let retention = i64::try_from(event.retention.as_secs()).unwrap_or(i64::MAX / 2);
+    let expires_at = iso_seconds(now_unix.saturating_add(retention));
     let known_order_id = match &event.order_ref {
         OrderRef::OrderId(id) => Some(id.as_str()),
         _ => None,
     };
     if let Some(legacy) = &event.legacy_event_id {
-        if is_claimed_for_order(db, event.provider, legacy, known_order_id, &now)? {
+        if is_claimed_for_order(db, &event.provider, legacy, known_order_id, &now)? {
             return Ok(Outcome::Duplicate);
         }
     }
@@ -89,10 +73,13 @@ pub fn record_event_and_apply(
     )));
 
     let (outcome, order_id) = resolve_and_apply(db, event, &now)?;
+    if outcome == Outcome::Parked {
+        park(db, event)?;
+    }
     if outcome != Outcome::Processed || order_id.as_deref() != known_order_id {
         set_event_outcome(
             db,
-            event.provider,
+            &event.provider,
             &event.event_id,
             outcome,
             order_id.as_deref(),
@@ -109,7 +96,7 @@ pub fn record_event_and_apply(
 /// orders' notifications, and only the one of the same order is this delivery.
 fn is_claimed_for_order(
     db: &mut Statements<'_>,
-    provider: Provider,
+    provider: &ProviderName,
     event_id: &str,
     order_id: Option<&str>,
     now: &str,
@@ -159,9 +146,20 @@ fn order_for_payment(db: &mut Statements<'_>, reference: &str) -> rusqlite::Resu
         .optional()
 }
 
+/// Keeps a parked event in its normalised form, so that the link that frees it applies it
+/// without reading its payload again.
+fn park(db: &mut Statements<'_>, event: &NormalizedEvent) -> rusqlite::Result<()> {
+    let parked = serde_json::to_string(event).expect("serialising plain fields cannot fail");
+    db.prepare(
+        "UPDATE processed_events SET parked_event = ?3 WHERE provider = ?1 AND event_id = ?2",
+    )?
+    .execute(params![event.provider.as_str(), event.event_id, parked])?;
+    Ok(())
+}
+
 fn set_event_outcome(
     db: &mut Statements<'_>,
-    provider: Provider,
+    provider: &ProviderName,
     event_id: &str,
     outcome: Outcome,
     order_id: Option<&str>,
@@ -180,7 +178,7 @@ pub(crate) fn load_order(
     let row = db
         .prepare(
             "SELECT status, provider, amount, refunded_amount, currency, customer_email,
-                    payment_intent_id, source = 'api', paid_amount, paid_currency
+                    payment_intent_id, source = 'api', paid_amount, paid_currency, amount_exponent
              FROM orders WHERE order_id = ?1",
         )?
         .query_row([order_id], |row| {
@@ -188,7 +186,8 @@ pub(crate) fn load_order(
                 row.get::<_, String>(0)?,
                 row.get::<_, String>(1)?,
                 OrderState {
-                    provider: Provider::Stripe,   // replaced below
+                    provider: ProviderName::new("stripe").expect("a valid name"), // replaced below
+                    exponent: row.get(10)?,
                     status: OrderStatus::Pending, // replaced below
                     from_api: row.get(7)?,
                     amount: row.get(2)?,
@@ -213,9 +212,7 @@ pub(crate) fn load_order(
         )
     };
     state.status = status.parse().map_err(|_| unreadable("status", &status))?;
-    state.provider = provider
-        .parse()
-        .map_err(|_| unreadable("provider", &provider))?;
+    state.provider = ProviderName::new(&provider).map_err(|_| unreadable("provider", &provider))?;
     Ok(Some(state))
 }
 
@@ -258,7 +255,7 @@ fn apply_change(
             if current.as_ref() != Some(&next) {
                 db.prepare(
                     "UPDATE orders SET amount = ?2, currency = ?3, customer_email = ?4,
-                                       payment_intent_id = ?5
+                                       payment_intent_id = ?5, amount_exponent = ?6
                      WHERE order_id = ?1",
                 )?
                 .execute(params![
@@ -266,7 +263,8 @@ fn apply_change(
                     next.amount,
                     next.currency,
                     next.customer_email,
-                    next.payment_ref
+                    next.payment_ref,
+                    next.exponent
                 ])?;
             }
         }
@@ -275,7 +273,7 @@ fn apply_change(
     if let Some(reference) = &event.payment_ref {
         // An order's recorded payment was linked when it was recorded.
         if linked.as_deref() != Some(reference.as_str()) {
-            link_payment(db, reference, order_id, now)?;
+            link_payment(db, &event.provider, reference, order_id, now)?;
         }
     }
     Ok(outcome)
@@ -294,14 +292,15 @@ fn save_change(
     db.prepare(
         "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
                              customer_email, payment_intent_id, created_at, updated_at, last_event_id,
-                             paid_amount, paid_currency)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12)
+                             paid_amount, paid_currency, amount_exponent)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13)
          ON CONFLICT (order_id) DO UPDATE SET
              status = excluded.status, amount = excluded.amount,
              refunded_amount = excluded.refunded_amount, currency = excluded.currency,
              customer_email = excluded.customer_email, payment_intent_id = excluded.payment_intent_id,
              updated_at = excluded.updated_at, last_event_id = excluded.last_event_id,
-             paid_amount = excluded.paid_amount, paid_currency = excluded.paid_currency",
+             paid_amount = excluded.paid_amount, paid_currency = excluded.paid_currency,
+             amount_exponent = excluded.amount_exponent",
     )?
     .execute(params![
         order_id,
@@ -316,6 +315,7 @@ fn save_change(
         event.event_id,
         state.paid_amount,
         state.paid_currency,
+        state.exponent,
     ])?;
     record_change(
         db,
@@ -379,8 +379,10 @@ struct NoticeParams<'a> {
     amount: Option<i64>,
     currency: Option<&'a str>,
     event_id: &'a str,
-    /// Decimals of `amount` and `refunded_amount` (the order's provider's minor units).
-    exponent: u32,
+    /// Decimals of `amount` and `refunded_amount` (the order's provider's minor units); absent
+    /// for an order older than schema version 5, whose renderer asks the provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exponent: Option<u32>,
     order_id: &'a str,
     provider: &'a str,
     refunded_amount: i64,
@@ -423,7 +425,7 @@ fn queue_notice(
         status: order.status.as_str(),
         amount,
         refunded_amount: order.refunded_amount,
-        exponent: currency.map_or(2, |c| order.provider.amount_exponent(c)),
+        exponent: order.exponent,
         currency,
         refunded_currency: order.currency.as_deref(),
         provider,
@@ -470,9 +472,12 @@ pub fn outbox_idempotency_key(
 }
 
 /// Records that the payment `reference` belongs to `order_id` and, the first time, applies the
-/// events that were parked waiting for that link, oldest first, in this same transaction.
+/// events of `provider` that were parked waiting for that link, oldest first, in this same
+/// transaction. A parked event is stored in its normalised form (`parked_event`), so nothing is
+/// parsed again here.
 fn link_payment(
     db: &mut Statements<'_>,
+    provider: &ProviderName,
     reference: &str,
     order_id: &str,
     now: &str,
@@ -488,20 +493,74 @@ fn link_payment(
     }
     let parked: Vec<(String, String)> = db
         .prepare(
-            "SELECT event_id, payload FROM processed_events
-             WHERE outcome = 'parked' AND payment_intent_id = ?1 AND provider = 'stripe'
+            "SELECT event_id, parked_event FROM processed_events
+             WHERE outcome = 'parked' AND payment_intent_id = ?1 AND provider = ?2
+               AND parked_event IS NOT NULL
              ORDER BY received_at, rowid",
         )?
-        .query_map([reference], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .query_map(params![reference, provider.as_str()], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })?
         .collect::<rusqlite::Result<_>>()?;
-    for (event_id, payload) in parked {
-        let event = normalise_stored(Provider::Stripe, payload.as_bytes())?;
+    for (event_id, parked_event) in parked {
+        let event: NormalizedEvent = serde_json::from_str(&parked_event)
+            .map_err(|e| StoreError::StoredEvent(format!("parked event {event_id}: {e}")))?;
         let outcome = match &event.change {
             Some(change) => apply_change(db, &event, change, order_id, now)?,
             None => Outcome::Ignored,
         };
         tracing::debug!(parked_event_id = %crate::domain::text::Escaped(&event_id), outcome = outcome.as_str(), "applied parked event");
-        set_event_outcome(db, Provider::Stripe, &event_id, outcome, Some(order_id))?;
+        set_event_outcome(db, provider, &event_id, outcome, Some(order_id))?;
     }
     Ok(())
+}
+
+/// Reads a stored body back into its event: `(provider, payload)` to the event, by the provider
+/// that verified it (given by the caller; the store knows no provider).
+pub type RereadStored = fn(&str, &[u8]) -> Result<NormalizedEvent, String>;
+
+/// Gives every parked event stored before schema version 5 (its body only) its normalised form,
+/// read back by `reread`, so that the link that frees it applies it as it applies newer ones.
+/// One that cannot be read stays parked and is logged. Returns how many were converted.
+pub fn convert_legacy_parked(
+    conn: &rusqlite::Connection,
+    reread: RereadStored,
+) -> Result<usize, StoreError> {
+    let legacy: Vec<(String, String, String)> = conn
+        .prepare(
+            "SELECT provider, event_id, payload FROM processed_events
+             WHERE outcome = 'parked' AND parked_event IS NULL",
+        )?
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    if legacy.is_empty() {
+        return Ok(0);
+    }
+    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
+    let mut converted = 0;
+    for (provider, event_id, payload) in legacy {
+        let escaped = crate::domain::text::Escaped(&event_id);
+        match reread(&provider, payload.as_bytes()) {
+            Ok(mut event) => {
+                // The parked event is applied under the id it was claimed with.
+                event.event_id = event_id.clone();
+                let parked = serde_json::to_string(&event).expect("serialising plain fields");
+                tx.execute(
+                    "UPDATE processed_events SET parked_event = ?3
+                     WHERE provider = ?1 AND event_id = ?2",
+                    params![provider, event_id, parked],
+                )?;
+                converted += 1;
+            }
+            Err(e) => tracing::warn!(
+                %provider,
+                event_id = %escaped,
+                error = %crate::domain::text::Escaped(&e),
+                "a parked event stored by an older sekali cannot be read; it stays parked"
+            ),
+        }
+    }
+    tx.commit()?;
+    tracing::info!(converted, "parked events of an older sekali converted");
+    Ok(converted)
 }

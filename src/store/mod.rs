@@ -74,8 +74,8 @@ pub enum StoreError {
     BackupOut { path: String, reason: String },
     #[error("the backup copy failed its integrity check: {0}")]
     Integrity(String),
-    #[error("stored payload could not be re-read: {0}")]
-    StoredPayload(#[from] crate::providers::PayloadError),
+    #[error("a stored event could not be read: {0}")]
+    StoredEvent(String),
 }
 
 impl StoreError {

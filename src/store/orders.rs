@@ -33,6 +33,8 @@ pub struct NewOrder {
     pub amount: i64,
     pub currency: String,
     pub provider: String,
+    /// Decimals of `amount` in its provider's units.
+    pub exponent: u32,
     pub customer_email: Option<String>,
     /// A JSON object, as text.
     pub metadata: Option<String>,
@@ -97,8 +99,9 @@ pub fn insert_api_order(
     let inserted = conn
         .prepare_cached(
             "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
-                                 customer_email, created_at, updated_at, last_event_id, source, metadata)
-             VALUES (?1, ?2, 'pending', ?3, 0, ?4, ?5, ?6, ?6, ?7, 'api', ?8)
+                                 customer_email, created_at, updated_at, last_event_id, source, metadata,
+                                 amount_exponent)
+             VALUES (?1, ?2, 'pending', ?3, 0, ?4, ?5, ?6, ?6, ?7, 'api', ?8, ?9)
              ON CONFLICT (order_id) DO NOTHING",
         )?
         .execute(params![
@@ -109,7 +112,8 @@ pub fn insert_api_order(
             order.customer_email,
             now,
             origin,
-            order.metadata
+            order.metadata,
+            order.exponent
         ])?;
     if inserted == 0 {
         return Ok(None);

@@ -14,23 +14,28 @@
 //! 4. `orders.paid_amount` and `orders.paid_currency` (what the receipt shows), added in place;
 //!    the outcome `reversed`, whose CHECK is rewritten in place as version 2's were (it accepts a
 //!    superset of the values it accepted, so no stored row can violate it).
+//! 5. Providers come from the registry: the CHECKs that listed `stripe` and `midtrans` are
+//!    removed in place. `orders.amount_exponent` and `processed_events.parked_event` (a parked
+//!    event, normalised, so that it is applied without its provider) are added in place; parked
+//!    rows written before are given their normalised event at startup
+//!    ([`super::SqliteStore::convert_parked`]).
 
 use rusqlite::{Connection, OptionalExtension};
 
 use super::StoreError;
 
-/// The text of `schema.sql`: version 4.
+/// The text of `schema.sql`: version 5.
 pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// CHECK constraints rewritten in place, in order: (the version whose text `new` is, table, the
 /// text before it, `new`). Each new text accepts every value the old one did, so no stored row
 /// can violate it, and the rewrite changes nothing on disk but the table's definition in
 /// `sqlite_schema`. (`email_outbox` was rebuilt instead, at version 2: see
 /// [`rebuild_email_outbox`].)
-const CHECK_REWRITES: [(i64, &str, &str, &str); 3] = [
+const CHECK_REWRITES: [(i64, &str, &str, &str); 5] = [
     (
         2,
         "processed_events",
@@ -55,6 +60,18 @@ const CHECK_REWRITES: [(i64, &str, &str, &str); 3] = [
         "CHECK (outcome = 'processed' OR outcome = 'stale'
                           OR outcome = 'ignored' OR outcome = 'parked'
                           OR outcome = 'amount_mismatch' OR outcome = 'reversed')",
+    ),
+    (
+        5,
+        "processed_events",
+        "provider          TEXT NOT NULL CHECK (provider IN ('stripe', 'midtrans')),",
+        "provider          TEXT NOT NULL,",
+    ),
+    (
+        5,
+        "orders",
+        "provider          TEXT NOT NULL CHECK (provider IN ('stripe', 'midtrans')),",
+        "provider          TEXT NOT NULL,",
     ),
 ];
 
@@ -101,6 +118,12 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
                 conn.execute_batch(
                     "ALTER TABLE orders ADD COLUMN paid_amount INTEGER;
                      ALTER TABLE orders ADD COLUMN paid_currency TEXT;",
+                )?;
+            }
+            if version < 5 {
+                conn.execute_batch(
+                    "ALTER TABLE orders ADD COLUMN amount_exponent INTEGER;
+                     ALTER TABLE processed_events ADD COLUMN parked_event TEXT;",
                 )?;
             }
         }
@@ -235,6 +258,7 @@ mod tests {
             1 => include_str!("../../fixtures/schema-v1.sql"),
             2 => include_str!("../../fixtures/schema-v2.sql"),
             3 => include_str!("../../fixtures/schema-v3.sql"),
+            4 => include_str!("../../fixtures/schema-v4.sql"),
             _ => SCHEMA_SQL,
         };
         for (version, table, old, new) in CHECK_REWRITES {
@@ -251,6 +275,7 @@ mod tests {
             ("processed_events", CHECK_REWRITES[0].2, ()),
             ("orders", CHECK_REWRITES[1].2, ()),
             ("processed_events", V2_OUTCOME_CHECK, ()),
+            ("both", CHECK_REWRITES[3].2, ()),
         ] {
             assert!(
                 !SCHEMA_SQL.contains(old),

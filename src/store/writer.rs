@@ -32,7 +32,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 use tracing::Span;
 
-use super::events::{record_event_and_apply, Outcome, Retention};
+use super::events::{record_event_and_apply, Outcome};
 use super::idempotency::{run_idempotent, IdempotentOutcome, IdempotentRequest};
 use super::outbox::{self, ClaimRequest, ClaimedEmail, SendResult};
 use super::statements::Statements;
@@ -47,11 +47,13 @@ pub struct WriterConfig {
     pub batch_max: usize,
     /// Deliveries waiting for the writer before new ones get 503.
     pub queue_capacity: usize,
-    pub retention: Retention,
     pub busy_timeout: Duration,
     /// Caps the database at this many pages (`PRAGMA max_page_count`); writes past it fail
     /// like a full disk. `None`: no cap but the disk's.
     pub max_page_count: Option<u64>,
+    /// Reads back the parked events an older sekali stored as bodies only (see
+    /// [`convert_legacy_parked`](super::events::convert_legacy_parked)); `None` leaves them.
+    pub reread_parked: Option<super::events::RereadStored>,
 }
 
 /// Why a write did not happen. Every variant means "not committed": the caller answers 503.
@@ -133,6 +135,9 @@ impl WriterCounters {
     }
 }
 
+// A delivery carries its event inline: every `Work` travels inside a `Box<RecordJob>` already,
+// and a second box would be a second allocation per delivery.
+#[allow(clippy::large_enum_variant)]
 enum Work {
     /// A verified webhook delivery: claim the event and apply its effects.
     Delivery {
@@ -261,6 +266,9 @@ impl Writer {
     pub fn start(config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
         // Open once here so a bad path or a too-new schema fails startup, not the first delivery.
         let conn = open_writer_connection(&config)?;
+        if let Some(reread) = config.reread_parked {
+            super::events::convert_legacy_parked(&conn, reread)?;
+        }
         let (queue, jobs) = mpsc::sync_channel(config.queue_capacity.max(1));
         let counters = Arc::new(WriterCounters::default());
         let shared = counters.clone();
@@ -473,9 +481,7 @@ fn run(
             }
         }
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            if !records.is_empty()
-                && commit_batch(&conn, records, Now::of(&clock), &config.retention, counters)
-            {
+            if !records.is_empty() && commit_batch(&conn, records, Now::of(&clock), counters) {
                 tracing::error!("the write connection failed; reopening it");
                 conn = reopen(&config);
                 counters.reopens.fetch_add(1, Ordering::Relaxed);
@@ -508,13 +514,7 @@ fn run(
         }))
         .collect();
     for record in leftovers {
-        let _ = commit_batch(
-            &conn,
-            vec![record],
-            Now::of(&clock),
-            &config.retention,
-            counters,
-        );
+        let _ = commit_batch(&conn, vec![record], Now::of(&clock), counters);
     }
     tracing::debug!("writer stopped");
 }
@@ -593,7 +593,6 @@ fn commit_batch(
     conn: &Connection,
     mut records: Vec<RecordJob>,
     now: Now,
-    retention: &Retention,
     counters: &WriterCounters,
 ) -> bool {
     // Stable: deliveries keep their order, and come before API and relay work, which are
@@ -609,7 +608,7 @@ fn commit_batch(
         .take_while(|job| job.work.is_delivery())
         .count();
     if deliveries == 0 {
-        return commit_with_savepoints(conn, records, now, retention, counters);
+        return commit_with_savepoints(conn, records, now, counters);
     }
     if let Err(reopen) = begin(conn) {
         records.into_iter().for_each(|job| job.work.fail());
@@ -623,12 +622,12 @@ fn commit_batch(
         };
         let result = job
             .span
-            .in_scope(|| record_event_and_apply(&mut db, event, payload, now.unix, retention));
+            .in_scope(|| record_event_and_apply(&mut db, event, payload, now.unix));
         match result {
             Ok(outcome) => outcomes.push(outcome),
             Err(e) => {
                 drop(db);
-                return rerun_without(conn, records, index, e, now, retention, counters);
+                return rerun_without(conn, records, index, e, now, counters);
             }
         }
     }
@@ -642,7 +641,7 @@ fn commit_batch(
         };
         done.push(Done::Delivery(reply, Ok(outcome)));
     }
-    finish_in_savepoints(conn, db, rest, done, now, retention, counters)
+    finish_in_savepoints(conn, db, rest, done, now, counters)
 }
 
 /// The optimistic pass of [`commit_batch`] failed at `records[failed]` with `error`: roll back,
@@ -653,7 +652,6 @@ fn rerun_without(
     failed: usize,
     error: StoreError,
     now: Now,
-    retention: &Retention,
     counters: &WriterCounters,
 ) -> bool {
     let poisoned = records.remove(failed);
@@ -684,7 +682,7 @@ fn rerun_without(
         deliveries = records.len(),
         "rerunning the rest of the batch with a savepoint each"
     );
-    commit_with_savepoints(conn, records, now, retention, counters)
+    commit_with_savepoints(conn, records, now, counters)
 }
 
 /// The transaction is lost (`broken` says why): roll back what is left and answer 503 to all of
@@ -706,7 +704,6 @@ fn commit_with_savepoints(
     conn: &Connection,
     records: Vec<RecordJob>,
     now: Now,
-    retention: &Retention,
     counters: &WriterCounters,
 ) -> bool {
     if let Err(reopen) = begin(conn) {
@@ -714,15 +711,7 @@ fn commit_with_savepoints(
         return reopen;
     }
     let done = Vec::with_capacity(records.len());
-    finish_in_savepoints(
-        conn,
-        Statements::new(conn),
-        records,
-        done,
-        now,
-        retention,
-        counters,
-    )
+    finish_in_savepoints(conn, Statements::new(conn), records, done, now, counters)
 }
 
 /// Runs each of `jobs` in its own savepoint, after the work already `done` in the open
@@ -733,11 +722,10 @@ fn finish_in_savepoints(
     jobs: impl IntoIterator<Item = RecordJob>,
     mut done: Vec<Done>,
     now: Now,
-    retention: &Retention,
     counters: &WriterCounters,
 ) -> bool {
     for RecordJob { work, span } in jobs {
-        let (finished, broken) = span.in_scope(|| run_work(&mut db, work, now, retention));
+        let (finished, broken) = span.in_scope(|| run_work(&mut db, work, now));
         done.push(finished);
         if let Some(broken) = broken {
             drop(db);
@@ -798,12 +786,7 @@ fn commit_and_answer(conn: &Connection, done: Vec<Done>, counters: &WriterCounte
 
 /// Runs one unit of work in its savepoint. The second value is set when the enclosing
 /// transaction is no longer usable.
-fn run_work(
-    db: &mut Statements<'_>,
-    work: Work,
-    now: Now,
-    retention: &Retention,
-) -> (Done, Option<StoreError>) {
+fn run_work(db: &mut Statements<'_>, work: Work, now: Now) -> (Done, Option<StoreError>) {
     let now_unix = now.unix;
     match work {
         Work::Delivery {
@@ -814,7 +797,7 @@ fn run_work(
             let keep = |outcome: &Outcome| *outcome != Outcome::Duplicate;
             match in_savepoint(
                 db,
-                |c| record_event_and_apply(c, &event, &payload, now_unix, retention),
+                |c| record_event_and_apply(c, &event, &payload, now_unix),
                 keep,
             ) {
                 Ok(result) => {

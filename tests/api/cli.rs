@@ -294,13 +294,11 @@ fn serve_warns_of_a_retention_shorter_than_the_providers_redelivery_window() {
     );
     let (_, logs) = server.stop();
     assert!(
-        logs.contains("--stripe-retention is shorter than Stripe's 30-day resend window")
-            && logs.contains("retention=1h"),
+        logs.contains("the stripe retention (1h) is shorter than the time in which stripe may deliver an event again (30days)"),
         "{logs}"
     );
     assert!(
-        logs.contains("--midtrans-retention is shorter than Midtrans' retries")
-            && logs.contains("retention=10m"),
+        logs.contains("the midtrans retention (10m) is shorter than the time in which midtrans may deliver an event again (6h)"),
         "{logs}"
     );
     let defaults = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
@@ -438,8 +436,71 @@ fn serve_help_lists_the_settings_that_come_only_from_the_environment() {
         "RUST_LOG",
         "SEKALI_MIDTRANS_STATUS_CHECK",
         "MIDTRANS_API_URL",
+        // Each provider's options, from its registration.
+        "stripe.tolerance",
+        "midtrans.status-check",
+        "midtrans.api-url",
     ] {
         assert!(help.contains(name), "{name} missing from: {help}");
+    }
+}
+
+/// `--retention NAME=DURATION` and `--provider-option NAME.OPTION=VALUE` reach the provider
+/// they name, and a name or an option that does not exist stops `serve` with what does.
+#[test]
+fn serve_takes_any_providers_retention_and_options_and_refuses_ones_that_do_not_exist() {
+    let server = ServeProcess::start_with(
+        &[
+            ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+            ("MIDTRANS_SERVER_KEY", MIDTRANS_KEY),
+        ],
+        "info",
+        &[
+            "--no-relay",
+            "--retention",
+            "midtrans=2h",
+            "--provider-option",
+            "midtrans.status-check=on",
+            "--provider-option",
+            "midtrans.api-url=http://127.0.0.1:9",
+        ],
+    );
+    let (_, logs) = server.stop();
+    assert!(
+        logs.contains("the midtrans retention (2h) is shorter"),
+        "{logs}"
+    );
+    // ServeProcess turns the check off in the environment; the option wins.
+    assert!(
+        logs.contains("midtrans: status check on, http://127.0.0.1:9"),
+        "{logs}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    for (args, expected) in [
+        (
+            ["--retention", "paypal=1d"],
+            "no provider is called `paypal` (known: stripe, midtrans",
+        ),
+        (
+            ["--provider-option", "stripe.secret=x"],
+            "stripe has no option `secret`",
+        ),
+        (
+            ["--provider-option", "stripe.tolerance=soon"],
+            "the Stripe tolerance `soon` is not a whole number of seconds above zero",
+        ),
+    ] {
+        let output = Command::new(sekali_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+            .arg(dir.path().join("s.db"))
+            .args(args)
+            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
 
@@ -466,7 +527,7 @@ fn the_listening_line_names_the_urls_to_register_and_whether_the_orders_api_is_o
         "{line}"
     );
     assert!(line.contains("orders_api=true"), "{line}");
-    assert!(line.contains("midtrans_status_check=false"), "{line}");
+    assert!(line.contains("midtrans: status check off"), "{line}");
 }
 
 #[test]

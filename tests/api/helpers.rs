@@ -6,8 +6,8 @@ use actix_web::dev::ServerHandle;
 use rusqlite::{Connection, OpenFlags};
 pub use sekali::clock::Clock;
 use sekali::clock::{ManualClock, SystemClock};
-use sekali::config::{Secrets, Settings};
-use sekali::providers::{midtrans, stripe};
+use sekali::config::Settings;
+use sekali::providers::{midtrans, stripe, ProviderSettings, Providers};
 use sekali::startup::Application;
 use serde_json::Value;
 use tempfile::TempDir;
@@ -34,7 +34,40 @@ pub struct TestApp {
     _dir: TempDir,
 }
 
-/// A server with both providers configured, its clock at the real current time.
+/// The environment of the providers of [`spawn_app`]: Stripe and Midtrans, whose notifications
+/// are applied as sent, as with `--midtrans-status-check off` (the tests of the check itself,
+/// midtrans_status.rs, run it against a stand-in of the API).
+pub const PROVIDER_ENV: &[(&str, &str)] = &[
+    ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
+    ("MIDTRANS_SERVER_KEY", MIDTRANS_KEY),
+    ("SEKALI_MIDTRANS_STATUS_CHECK", "off"),
+];
+
+/// The providers configured as `serve` configures them, from `env` and the command line's
+/// `(provider, option, value)`.
+pub fn providers_from(env: &[(&str, &str)], options: &[(&str, &str, &str)]) -> Providers {
+    let env_var = |name: &str| {
+        env.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.to_string())
+    };
+    let options = options
+        .iter()
+        .map(|(p, o, v)| ((p.to_string(), o.to_string()), v.to_string()))
+        .collect();
+    Providers::configure(&ProviderSettings {
+        env: &env_var,
+        options: &options,
+    })
+    .expect("the providers configure")
+}
+
+/// The providers of [`spawn_app`], with these options.
+pub fn providers_with(options: &[(&str, &str, &str)]) -> Providers {
+    providers_from(PROVIDER_ENV, options)
+}
+
+/// A server with every provider configured, its clock at the real current time.
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
 }
@@ -43,15 +76,12 @@ pub async fn spawn_app() -> TestApp {
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let dir = tempfile::tempdir().expect("temp dir");
     let db_path = dir.path().join("sekali.db");
-    let secrets = Secrets::from_values(Some(STRIPE_SECRET), Some(MIDTRANS_KEY));
-    let mut settings = Settings::new("127.0.0.1:0", &db_path, secrets);
+    let mut settings = Settings::new("127.0.0.1:0", &db_path, providers_with(&[]));
     settings.workers = 2;
     settings.handle_signals = false;
     settings.shutdown_timeout = Duration::from_secs(5);
-    // Midtrans notifications are applied as sent here, as with --midtrans-status-check off: the
-    // tests of the check itself (midtrans_status.rs) run it against a stand-in of the API.
-    settings.midtrans_status = None;
     adjust(&mut settings);
+    let db_path = settings.db_path.clone();
     let clock = ManualClock::new(SystemClock.now_unix());
     let app = Application::build(settings, clock.clone()).expect("the app builds");
     let port = app.port();

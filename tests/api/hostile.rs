@@ -339,7 +339,8 @@ async fn the_default_tolerance_accepts_299_seconds_either_way_and_rejects_301() 
 
 #[actix_web::test]
 async fn a_configured_tolerance_of_60_seconds_is_enforced_at_its_edges() {
-    let app = spawn_app_with(|s| s.stripe_tolerance_secs = 60).await;
+    let app =
+        spawn_app_with(|s| s.providers = providers_with(&[("stripe", "tolerance", "60")])).await;
     assert_tolerance_edges(&app, 60).await;
 }
 

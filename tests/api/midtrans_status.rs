@@ -22,12 +22,15 @@ use rusqlite::{Connection, OpenFlags};
 use secrecy::SecretString;
 use sekali::clients::midtrans_status::StatusApi;
 use sekali::config::Settings;
+use sekali::providers::midtrans::Midtrans as MidtransProvider;
+use sekali::providers::stripe::Stripe;
+use sekali::providers::Providers;
 use serde_json::{json, Value};
 
 use crate::helpers::*;
 
 /// What a notification the API did not confirm is answered with (a 503).
-const NOT_CONFIRMED: &str = "not confirmed by Midtrans's status API yet; retry later";
+use sekali::routes::NOT_CONFIRMED;
 
 /// `Basic base64(MIDTRANS_KEY + ":")`, computed with coreutils:
 /// `printf '%s:' SB-Mid-server-sekali-test-key | base64`.
@@ -279,11 +282,17 @@ fn basic_auth(key: &str) -> String {
 fn checking(base_url: &str, timeout: Duration) -> impl FnOnce(&mut Settings) {
     let base_url = base_url.to_owned();
     move |settings| {
-        settings.midtrans_status = Some(StatusApi {
-            base_url,
-            server_key: SecretString::from(MIDTRANS_KEY),
-            timeout,
-        })
+        settings.providers = Providers::from_list(vec![
+            Arc::new(Stripe::with_secrets(&[STRIPE_SECRET])),
+            Arc::new(MidtransProvider::with_key(
+                MIDTRANS_KEY,
+                Some(StatusApi {
+                    base_url,
+                    server_key: SecretString::from(MIDTRANS_KEY),
+                    timeout,
+                }),
+            )),
+        ])
     }
 }
 
@@ -1165,7 +1174,7 @@ fn serve_asks_the_status_api_by_default_when_a_midtrans_key_is_set() {
     drop(db);
     let (exit, logs) = server.stop();
     assert!(exit.success(), "{logs}");
-    assert!(logs.contains("midtrans_status_check=true"), "{logs}");
+    assert!(logs.contains("midtrans: status check on"), "{logs}");
 }
 
 #[test]
@@ -1204,7 +1213,7 @@ fn serve_with_the_check_off_applies_a_notification_without_asking() {
     drop(db);
     let (exit, logs) = server.stop();
     assert!(exit.success(), "{logs}");
-    assert!(logs.contains("midtrans_status_check=false"), "{logs}");
+    assert!(logs.contains("midtrans: status check off"), "{logs}");
 }
 
 #[test]

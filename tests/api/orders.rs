@@ -12,7 +12,7 @@ const BILLING: &str = "tok-billing-77d2e0";
 
 async fn spawn_api() -> TestApp {
     spawn_app_with(|s| {
-        s.secrets.api_tokens = parse_api_tokens(&format!("shop:{SHOP},billing:{BILLING}")).unwrap()
+        s.api_tokens = parse_api_tokens(&format!("shop:{SHOP},billing:{BILLING}")).unwrap()
     })
     .await
 }

@@ -607,7 +607,7 @@ async fn emails_show_each_amount_with_its_currencys_own_decimals() {
 #[actix_web::test]
 async fn a_receipt_after_an_operator_settles_a_mismatch_shows_what_the_customer_paid() {
     let app = spawn_app_with(|s| {
-        s.secrets.api_tokens = sekali::config::parse_api_tokens("shop:tok-shop-1").unwrap()
+        s.api_tokens = sekali::config::parse_api_tokens("shop:tok-shop-1").unwrap()
     })
     .await;
     let created = app

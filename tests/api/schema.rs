@@ -248,6 +248,66 @@ async fn a_version_3_database_gains_the_paid_amount_and_the_reversed_outcome_in_
     app.stop().await;
 }
 
+/// Version 4 listed the providers in CHECK constraints and parked an event as its body only,
+/// re-read through the provider when its payment was linked. Version 5 lists no provider, and
+/// parks an event in its normalised form: the upgrade converts the parked rows it finds.
+#[actix_web::test]
+async fn a_version_4_database_loses_its_provider_checks_and_its_parked_events_still_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v4.db");
+    let conn = Connection::open(&db).unwrap();
+    conn.execute_batch(include_str!("../../fixtures/schema-v4.sql"))
+        .unwrap();
+    conn.execute_batch("PRAGMA user_version = 4").unwrap();
+    // A partial refund that arrived before the payment linking its charge to an order, parked
+    // by a version 4 sekali: its payload and nothing else.
+    conn.execute(
+        "INSERT INTO processed_events (provider, event_id, event_type, order_id, outcome,
+                                       received_at, expires_at, payment_intent_id, payload)
+         VALUES ('stripe', 'evt_1QA0003refundpartial01', 'charge.refunded', NULL, 'parked',
+                 '2026-11-01T10:00:00Z', '2099-01-01T00:00:00Z', 'pi_3QA0001Order1001', ?1)",
+        [String::from_utf8(fixture("stripe/charge.refunded.partial.json")).unwrap()],
+    )
+    .unwrap();
+    // Version 4 knows two providers only.
+    assert!(conn
+        .execute(
+            "INSERT INTO orders (order_id, provider, status, refunded_amount, created_at,
+                                 updated_at, last_event_id)
+             VALUES ('inv_1', 'xendit', 'pending', 0, '2026-11-01T10:00:00Z',
+                     '2026-11-01T10:00:00Z', 'x')",
+            []
+        )
+        .is_err());
+    drop(conn);
+
+    let v4_db = db.clone();
+    let app = spawn_app_with(move |settings| settings.db_path = v4_db).await;
+    assert_eq!(user_version(&db), SCHEMA_VERSION);
+    let linking = app.deliver_stripe("payment_intent.succeeded").await;
+    assert_eq!(linking.outcome(), "processed");
+    // A version 5 that could not read the old parked row would leave the refund parked and the
+    // order paid.
+    assert_eq!(
+        app.order("ord_1001"),
+        ("partially_refunded".into(), 2500, 1000)
+    );
+    assert_eq!(
+        app.outbox_templates("ord_1001"),
+        ["receipt", "refund_notice"]
+    );
+    let conn = Connection::open(&db).unwrap();
+    conn.execute(
+        "INSERT INTO orders (order_id, provider, status, refunded_amount, created_at,
+                             updated_at, last_event_id)
+         VALUES ('inv_1', 'xendit', 'pending', 0, '2026-11-01T10:00:00Z',
+                 '2026-11-01T10:00:00Z', 'x')",
+        [],
+    )
+    .expect("version 5 lists no providers");
+    app.stop().await;
+}
+
 #[actix_web::test]
 async fn a_new_database_starts_at_the_current_version() {
     let app = spawn_app().await;

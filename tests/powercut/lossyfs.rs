@@ -58,9 +58,8 @@
 //! the test through an [`Arc`], and a poisoned lock is taken over, not propagated.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -156,8 +155,10 @@ impl State {
             next_ino: ROOT,
             ..State::default()
         };
-        // SAFETY: getuid and getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let (uid, gid) = (
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        );
         state.new_inode(Body::Dir(Versioned::default()), 0o755, uid, gid);
         state
     }
@@ -768,9 +769,8 @@ impl Drop for LossyMount {
         let start = Instant::now();
         while is_mounted(&self.path) && start.elapsed() < Duration::from_secs(5) {
             if start.elapsed() > Duration::from_millis(200) {
-                let path = CString::new(self.path.as_os_str().as_bytes()).expect("a temp path");
-                // SAFETY: a valid C string; a failure leaves the mount as it is.
-                unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+                // A failure leaves the mount as it is.
+                let _ = rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::DETACH);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
