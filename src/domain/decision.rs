@@ -264,6 +264,7 @@ mod tests {
             (Failed, Paid),
             (Failed, Cancelled),
             (Failed, Expired),
+            (Expired, Paid),
             (Paid, PartiallyRefunded),
             (Paid, Refunded),
             (Paid, Disputed),
@@ -287,6 +288,47 @@ mod tests {
                 (Outcome::Stale, to),
                 "{to} -> {from}"
             );
+        }
+    }
+
+    /// Every pair of statuses, as a table: the move is made exactly when the target is reachable
+    /// along the arrows; otherwise the same status is processed without a move and any other is
+    /// stale. No event moves an order backwards, out of a final status, or out of review.
+    #[test]
+    fn every_pair_of_statuses_moves_only_along_the_arrows() {
+        use OrderStatus::*;
+        #[rustfmt::skip]
+        let table: [(OrderStatus, &[OrderStatus]); 9] = [
+            (Pending, &[Paid, Failed, Cancelled, Expired, NeedsReview, PartiallyRefunded, Refunded, Disputed]),
+            (Failed, &[Paid, Cancelled, Expired, NeedsReview, PartiallyRefunded, Refunded, Disputed]),
+            (Expired, &[Paid, NeedsReview, PartiallyRefunded, Refunded, Disputed]),
+            (Paid, &[PartiallyRefunded, Refunded, Disputed]),
+            (PartiallyRefunded, &[Refunded, Disputed]),
+            (Cancelled, &[]),
+            (Refunded, &[]),
+            (Disputed, &[]),
+            (NeedsReview, &[]),
+        ];
+        for (from, reachable) in table {
+            for to in OrderStatus::ALL {
+                let mut c = change(to);
+                if to.is_refund() {
+                    c.refunded_amount = Some(if to == Refunded { 1500 } else { 500 });
+                }
+                // A refund status already holds its refund: the same report again adds none.
+                let mut current = order(from);
+                if from.is_refund() {
+                    current.refunded_amount = if from == Refunded { 1500 } else { 500 };
+                }
+                let expected = if reachable.contains(&to) {
+                    (Outcome::Processed, to)
+                } else if to == from && !to.is_refund() {
+                    (Outcome::Processed, from)
+                } else {
+                    (Outcome::Stale, from)
+                };
+                assert_eq!(decided(Some(&current), &c), expected, "{from} -> {to}");
+            }
         }
     }
 

@@ -60,9 +60,15 @@ impl OrderStatus {
             Pending => &[Paid, Failed, Cancelled, Expired, NeedsReview],
             // A failed attempt can still be paid, or the payment abandoned for good.
             Failed => &[Paid, Cancelled, Expired, NeedsReview],
+            // A payment that completes as its request expires: Xendit documents the race
+            // (docs.xendit.co/docs/delayed-webhooks, "Payment request expired but you received a
+            // webhook for it": the money moved, mark the payment successful), and a provider
+            // reports only payments that happened. Never the reverse: a late `expired` after a
+            // payment is stale.
+            Expired => &[Paid, NeedsReview],
             Paid => &[PartiallyRefunded, Refunded, Disputed],
             PartiallyRefunded => &[Refunded, Disputed],
-            Cancelled | Expired | Refunded | Disputed | NeedsReview => &[],
+            Cancelled | Refunded | Disputed | NeedsReview => &[],
         }
     }
 

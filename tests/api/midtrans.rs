@@ -221,3 +221,37 @@ async fn a_status_sent_with_another_status_classs_code_is_refused_as_unproven() 
     }
     assert_eq!(app.row_counts(), (0, 0, 0));
 }
+
+/// Fails on the version whose `expired` was final: a payment completed as its request expired
+/// (a race Xendit documents, and a late settlement of an expired VA) was dropped as stale, the
+/// money taken and no receipt sent. The expiry sent again changes nothing (and an expiry after a
+/// payment is stale: see the table of `domain::decision`).
+#[actix_web::test]
+async fn a_payment_that_completes_after_its_order_expired_is_applied_and_the_expiry_again_is_not() {
+    let app = spawn_app().await;
+    let expired = app.deliver_midtrans("expire").await;
+    assert_eq!((expired.status, expired.outcome()), (200, "processed"));
+    assert_eq!(app.order_status("ORDER-2005").as_deref(), Some("expired"));
+
+    let mut settlement: serde_json::Value =
+        serde_json::from_slice(&fixture("midtrans/settlement.json")).unwrap();
+    settlement["order_id"] = "ORDER-2005".into();
+    settlement["gross_amount"] = "45000.00".into();
+    let body = sign_midtrans(&serde_json::to_vec(&settlement).unwrap());
+    let paid = app.post("/webhooks/midtrans", body, &[]).await;
+    assert_eq!(
+        (paid.status, paid.outcome()),
+        (200, "processed"),
+        "{paid:?}"
+    );
+    assert_eq!(app.order_status("ORDER-2005").as_deref(), Some("paid"));
+    assert_eq!(app.outbox_templates("ORDER-2005"), ["receipt"]);
+
+    // The expiry again, as a retry after a lost answer, or out of order: nothing changes.
+    assert_eq!(app.deliver_midtrans("expire").await.outcome(), "duplicate");
+    let trail = app.texts(
+        "SELECT coalesce(from_status, '-') || '>' || to_status FROM order_transitions
+         WHERE order_id = 'ORDER-2005' ORDER BY id",
+    );
+    assert_eq!(trail, ["->expired", "expired>paid"]);
+}
