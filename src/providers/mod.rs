@@ -320,7 +320,7 @@ pub(crate) fn header_text<'a>(
 }
 
 /// Headers from a list (tests, and callers outside the HTTP server).
-impl Headers for [(&str, &str)] {
+impl<const N: usize> Headers for [(&str, &str); N] {
     fn get(&self, name: &str) -> Option<&[u8]> {
         self.iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
