@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sekali::jobs::relay::FILE_BATCH;
 use sekali::mail::transport::{message_bytes, write_eml_batch, DirSync};
 use sekali::mail::{render, RenderedEmail};
-use sekali::store::outbox::ClaimedEmail;
+use sekali::store::ClaimedEmail;
 
 fn claimed(i: usize) -> ClaimedEmail {
     let (amount, currency) = match i % 3 {

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use sekali::bench::EventTemplate;
 use sekali::clock::{SharedClock, SystemClock};
 use sekali::providers::stripe::{self, Stripe};
-use sekali::store::{Outcome, Writer, WriterConfig, DEFAULT_BUSY_TIMEOUT};
+use sekali::store::sqlite::{Writer, WriterConfig, DEFAULT_BUSY_TIMEOUT};
+use sekali::store::Outcome;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)

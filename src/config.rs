@@ -7,7 +7,7 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::providers::{Providers, REGISTRY};
-use crate::store::DEFAULT_BUSY_TIMEOUT;
+use crate::store::sqlite::DEFAULT_BUSY_TIMEOUT;
 
 pub const ENV_API_TOKENS: &str = "SEKALI_API_TOKENS";
 
@@ -117,7 +117,7 @@ pub struct Settings {
     pub client_request_timeout: Duration,
     /// How long an Idempotency-Key and its stored response are kept.
     pub idempotency_retention: Duration,
-    /// Cap on the database size in pages (see [`crate::store::WriterConfig::max_page_count`]).
+    /// Cap on the database size in pages (see [`crate::store::sqlite::WriterConfig::max_page_count`]).
     pub max_page_count: Option<u64>,
     /// The outbox relay to run beside the server (`None`: `--no-relay`).
     pub relay: Option<(
@@ -142,7 +142,7 @@ impl Settings {
             api_tokens: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             purge_interval: DEFAULT_PURGE_INTERVAL,
-            purge_batch: crate::store::purge::DEFAULT_PURGE_BATCH,
+            purge_batch: crate::store::DEFAULT_PURGE_BATCH,
             batch_max: DEFAULT_BATCH_MAX,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             workers: 0,

@@ -10,7 +10,8 @@ use crate::clock::SharedClock;
 use crate::config::{ConfigError, Settings};
 use crate::jobs::purge::run_purge_job;
 use crate::routes::{self, AppState};
-use crate::store::{self, StoreError, Writer, WriterConfig};
+use crate::store::sqlite::{SqliteStore, WriterConfig};
+use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -144,7 +145,7 @@ fn reserve(address: &str) -> std::io::Result<socket2::Socket> {
 pub struct Application {
     port: u16,
     server: Server,
-    writer: Writer,
+    store: std::sync::Arc<dyn Store>,
     shutdown: CancellationToken,
     purge_job: actix_web::rt::task::JoinHandle<()>,
     refusals_log: actix_web::rt::task::JoinHandle<()>,
@@ -170,7 +171,7 @@ impl Application {
             mail.check()?;
         }
 
-        let writer = Writer::start(
+        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(SqliteStore::open(
             WriterConfig {
                 db_path: settings.db_path.clone(),
                 batch_max: settings.batch_max,
@@ -180,8 +181,7 @@ impl Application {
                 reread_parked: Some(crate::providers::read_stored),
             },
             clock.clone(),
-        )?;
-        let reads = store::read_pool(&settings.db_path, 4, settings.busy_timeout)?;
+        )?);
         reserved.listen(LISTEN_BACKLOG).map_err(bind_error)?;
         let listener = TcpListener::from(reserved);
         let address = listener.local_addr().map_err(bind_error)?;
@@ -193,8 +193,7 @@ impl Application {
             api_tokens: settings.api_tokens.clone(),
             max_body_bytes: settings.max_body_bytes,
             clock,
-            writer: writer.clone(),
-            reads,
+            store: store.clone(),
             idempotency_retention_secs: settings.idempotency_retention.as_secs() as i64,
             in_flight: Default::default(),
             refused: refused.clone(),
@@ -222,7 +221,7 @@ impl Application {
         let shutdown = CancellationToken::new();
         let refusals_log = actix_web::rt::spawn(report_refusals(refused, shutdown.clone()));
         let purge_job = actix_web::rt::spawn(run_purge_job(
-            writer.clone(),
+            store.clone(),
             settings.purge_interval,
             settings.purge_batch,
             shutdown.clone(),
@@ -234,7 +233,7 @@ impl Application {
                 mail,
                 clock_for_relay.clone(),
                 shutdown.clone(),
-                crate::jobs::relay::Queue::Writer(writer.clone()),
+                crate::jobs::relay::Queue::server(store.clone()),
             )
         });
         let webhook_urls: Vec<String> = settings
@@ -264,7 +263,7 @@ impl Application {
         Ok(Application {
             port: address.port(),
             server,
-            writer,
+            store,
             shutdown,
             purge_job,
             refusals_log,
@@ -276,9 +275,10 @@ impl Application {
         self.port
     }
 
-    /// The server's writer (tests run a relay through it, as `serve` does).
-    pub fn writer(&self) -> Writer {
-        self.writer.clone()
+    /// The server's store (tests read its counters, and run a relay through it as `serve`
+    /// does).
+    pub fn store(&self) -> std::sync::Arc<dyn Store> {
+        self.store.clone()
     }
 
     /// Stops the server as SIGTERM would: `stop(true)` finishes in-flight requests first.
@@ -297,8 +297,8 @@ impl Application {
         if let Some(relay) = self.relay {
             let _ = actix_web::rt::task::spawn_blocking(move || relay.join()).await;
         }
-        let writer = self.writer;
-        let _ = actix_web::rt::task::spawn_blocking(move || writer.shutdown()).await;
+        let store = self.store;
+        let _ = actix_web::rt::task::spawn_blocking(move || store.shutdown()).await;
         tracing::info!("sekali stopped");
         result
     }

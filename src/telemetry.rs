@@ -73,3 +73,44 @@ where
         writeln!(writer)
     }
 }
+
+/// An error with its whole cause chain on one line, `top: cause: cause`, for log fields
+/// (`error = %ErrorChain(&e)`): a 5xx's log line says why, down to SQLite's extended result code
+/// (`disk I/O error: Error code 1034: …`), instead of nested `Debug`. A cause whose text the line
+/// already ends with (a wrapper that prints its source) is not repeated.
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut line = self.0.to_string();
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            if !line.ends_with(&text) {
+                line.push_str(": ");
+                line.push_str(&text);
+            }
+            source = cause.source();
+        }
+        f.write_str(&line)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorChain;
+    use crate::store::{StoreError, WriteError};
+
+    #[test]
+    fn an_error_chain_keeps_sqlites_extended_code_and_repeats_no_cause() {
+        let io = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
+            Some("disk I/O error".into()),
+        );
+        let error = WriteError::Store(StoreError::Sqlite(io));
+        let line = ErrorChain(&error).to_string();
+        // The two transparent wrappers add nothing; SQLite's own error then names its extended
+        // code (1034, SQLITE_IOERR_FSYNC), not nested Debug (`Store(Sqlite(SqliteFailure(…)))`).
+        assert_eq!(line, "disk I/O error: Error code 1034: disk I/O error");
+    }
+}

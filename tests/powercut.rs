@@ -240,7 +240,7 @@ fn sekalis_writer_connection_keeps_every_acknowledged_commit() {
     let mount = LossyMount::new().unwrap();
     let db = mount.path().join("sekali.db");
     {
-        let conn = sekali::store::open_for_writing(&db, Duration::from_secs(5)).unwrap();
+        let conn = sekali::store::sqlite::open_for_writing(&db, Duration::from_secs(5)).unwrap();
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
             .unwrap();
         conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Writer;
+use crate::store::{Purged, Store};
 
 /// Every `interval`, deletes expired event ids through the writer, `batch` rows per transaction,
 /// looping while batches come back full. Returns when `shutdown` is cancelled.
@@ -16,7 +16,7 @@ use crate::store::Writer;
 /// delivery per client connection per batch, and the p99 of a soak rose to 267 ms (see the
 /// README's soak).
 pub async fn run_purge_job(
-    writer: Writer,
+    store: std::sync::Arc<dyn Store>,
     interval: Duration,
     batch: usize,
     shutdown: CancellationToken,
@@ -27,11 +27,11 @@ pub async fn run_purge_job(
             _ = tokio::time::sleep(interval) => {}
         }
         let started = Instant::now();
-        let mut total = crate::store::purge::Purged::default();
+        let mut total = Purged::default();
         let mut transactions = 0;
         loop {
             let asked = Instant::now();
-            match writer.purge_batch(batch).await {
+            match store.purge_batch(batch).await {
                 Ok(purged) => {
                     total += purged;
                     transactions += 1;
@@ -40,7 +40,7 @@ pub async fn run_purge_job(
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = ?e, "purge pass stopped early; the next one will continue");
+                    tracing::warn!(error = %crate::telemetry::ErrorChain(&e), "purge pass stopped early; the next one will continue");
                     break;
                 }
             }

@@ -20,6 +20,7 @@
 //! own, one transaction per claim and one per batch of results.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -28,8 +29,9 @@ use crate::clock::SharedClock;
 use crate::domain::text::third_party_for_log;
 use crate::mail::transport::{MailConfig, SendError, Transport, TransportError};
 use crate::mail::{render, RenderedEmail};
-use crate::store::outbox::{self, ClaimRequest, ClaimedEmail, SendOutcome, SendResult};
-use crate::store::{StoreError, WriteError, Writer};
+use crate::store::{
+    ClaimRequest, ClaimedEmail, SendOutcome, SendResult, Store, StoreError, WriteError,
+};
 
 pub const DEFAULT_BASE_DELAY: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(3600);
@@ -70,78 +72,44 @@ pub enum RelayError {
     Write(#[from] WriteError),
 }
 
-/// Where the relay claims rows and records their results.
+/// Where the relay claims rows and records their results: a store, whose claims and result
+/// batches each commit in one transaction.
 #[derive(Clone)]
-pub enum Queue {
-    /// Inside `serve`: through the single writer, in its transactions.
-    Writer(Writer),
-    /// `sekali relay`: a write connection of its own.
-    Connection(std::sync::Arc<std::sync::Mutex<rusqlite::Connection>>),
+pub struct Queue {
+    store: Arc<dyn Store>,
+    /// How it writes, for the relay's start line.
+    writes: &'static str,
 }
 
 impl Queue {
-    /// Opens the relay's own connection to `config.db_path` (`sekali relay`).
-    pub fn own_connection(config: &RelayConfig) -> Result<Queue, StoreError> {
-        let conn = crate::store::open_existing(&config.db_path, true, config.busy_timeout)?;
-        Ok(Queue::Connection(std::sync::Arc::new(
-            std::sync::Mutex::new(conn),
-        )))
+    /// Inside `serve`: the server's store, whose single writer carries the relay's claims and
+    /// results in the deliveries' transactions.
+    pub fn server(store: Arc<dyn Store>) -> Queue {
+        Queue {
+            store,
+            writes: "through the server's writer",
+        }
     }
 
-    async fn claim(
-        &self,
-        request: ClaimRequest,
-        now_ms: i64,
-    ) -> Result<Vec<ClaimedEmail>, RelayError> {
-        match self {
-            Queue::Writer(writer) => Ok(writer.claim_outbox(request).await?),
-            Queue::Connection(conn) => {
-                let conn = conn.clone();
-                blocking(move || {
-                    outbox::claim_due(&conn.lock().expect("relay connection"), &request, now_ms)
-                })
-                .await
-            }
+    /// `sekali relay`: a store opened by the relay, with a write connection of its own.
+    pub fn own(store: Arc<dyn Store>) -> Queue {
+        Queue {
+            store,
+            writes: "on its own connection",
         }
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedEmail>, RelayError> {
+        Ok(self.store.claim_outbox(request).await?)
     }
 
     /// Records a batch's results in one transaction; per result, whether this relay still held
     /// the row's lease.
-    async fn record(
-        &self,
-        owner: &str,
-        results: Vec<SendResult>,
-        now_ms: i64,
-    ) -> Result<Vec<bool>, RelayError> {
-        match self {
-            Queue::Writer(writer) => Ok(writer
-                .record_outbox_results(owner.to_owned(), results)
-                .await?),
-            Queue::Connection(conn) => {
-                let (conn, owner) = (conn.clone(), owner.to_owned());
-                blocking(move || {
-                    outbox::record_results(
-                        &conn.lock().expect("relay connection"),
-                        &owner,
-                        &results,
-                        now_ms,
-                    )
-                })
-                .await
-            }
-        }
-    }
-}
-
-/// Runs SQLite work of the relay's own connection off its event loop.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, RelayError> {
-    match actix_web::rt::task::spawn_blocking(work).await {
-        Ok(result) => Ok(result?),
-        Err(_) => Err(RelayError::Store(StoreError::Injected(
-            "the relay's database task panicked",
-        ))),
+    async fn record(&self, owner: &str, results: Vec<SendResult>) -> Result<Vec<bool>, RelayError> {
+        Ok(self
+            .store
+            .record_outbox_results(owner.to_owned(), results)
+            .await?)
     }
 }
 
@@ -170,7 +138,7 @@ pub fn spawn_relay(
             if let Err(e) = actix_web::rt::System::new()
                 .block_on(run_relay(config, mail, clock, shutdown, queue))
             {
-                tracing::error!(error = %e, "the outbox relay stopped");
+                tracing::error!(error = %crate::telemetry::ErrorChain(&e), "the outbox relay stopped");
             }
         })
         .expect("spawning the relay thread")
@@ -258,7 +226,7 @@ pub async fn run_relay(
         owner = %config.owner,
         transport = transport.kind(),
         mail_dir = %transport.mail_dir().map(|d| d.display().to_string()).unwrap_or_default(),
-        writes = match queue { Queue::Writer(_) => "through the server's writer", Queue::Connection(_) => "on its own connection" },
+        writes = queue.writes,
         "outbox relay started"
     );
     // Batches in a row that found the transport unavailable.
@@ -280,10 +248,10 @@ pub async fn run_relay(
                 lease_ms: config.lease.as_millis() as i64,
                 limit: if outage > 0 { 1 } else { config.batch },
             };
-            match queue.claim(request, clock.now_millis()).await {
+            match queue.claim(request).await {
                 Ok(claimed) => claimed,
                 Err(e) => {
-                    tracing::warn!(error = ?e, "claiming outbox rows failed; trying again");
+                    tracing::warn!(error = %crate::telemetry::ErrorChain(&e), "claiming outbox rows failed; trying again");
                     Vec::new()
                 }
             }
@@ -357,14 +325,14 @@ pub async fn run_relay(
         }
         let (queue_for_record, owner) = (queue.clone(), config.owner.clone());
         recording = Some(actix_web::rt::spawn(async move {
-            match queue_for_record.record(&owner, results.clone(), now).await {
+            match queue_for_record.record(&owner, results.clone()).await {
                 Ok(owned) => {
                     for ((email, result), owned) in claimed.iter().zip(&results).zip(owned) {
                         log_result(email, &result.outcome, owned);
                     }
                 }
                 Err(e) => tracing::warn!(
-                    error = ?e,
+                    error = %crate::telemetry::ErrorChain(&e),
                     rows = results.len(),
                     "recording a batch of outbox results failed; its rows will be sent again after their lease"
                 ),

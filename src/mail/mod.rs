@@ -5,7 +5,7 @@ pub mod transport;
 use minijinja::{context, Environment};
 
 use crate::domain::{money, EmailAddress};
-use crate::store::outbox::ClaimedEmail;
+use crate::store::ClaimedEmail;
 
 /// A rendered email, ready for any transport.
 #[derive(Debug, Clone)]

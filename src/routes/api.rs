@@ -2,8 +2,8 @@
 //!
 //! A mutating route opts in to idempotency by taking [`ApiClient`] and [`IdempotencyKey`] as
 //! extractors (in that order: 401 before 400), validating its body, and answering with one call
-//! to [`idempotent`], giving it the work to do inside the transaction; see
-//! `orders::create_order`.
+//! to [`idempotent`], giving it the order to create and how to word the response, both run
+//! inside the store's transaction; see `orders::create_order`.
 
 use std::collections::HashSet;
 use std::future::{ready, Ready};
@@ -17,9 +17,8 @@ use subtle::ConstantTimeEq;
 
 use super::problem::Problem;
 use super::AppState;
-use crate::store::idempotency::{
-    IdempotentOutcome, IdempotentRequest, IdempotentWork, StoredResponse,
-};
+use crate::store::{CreateOrder, IdempotentOutcome, NewOrder, Respond, StoredResponse};
+use crate::telemetry::ErrorChain;
 
 /// The calling service, named by the token it presented.
 #[derive(Debug, Clone)]
@@ -128,7 +127,7 @@ pub fn parse_idempotency_key(raw: &str) -> Result<String, String> {
     }
 }
 
-/// Runs `work` under the request's Idempotency-Key and answers: the fresh response, the stored
+/// Creates `order` under the request's Idempotency-Key and answers: the fresh response, the stored
 /// one (with `Idempotent-Replayed: true`), 422 for a key reused with another request, 409 while
 /// the first request with the key is in flight, 503 if nothing committed. `body` is the
 /// validated JSON body; the fingerprint covers the method, the path and its RFC 8785 form.
@@ -138,24 +137,26 @@ pub async fn idempotent(
     key: IdempotencyKey,
     req: &HttpRequest,
     body: &serde_json::Value,
-    work: IdempotentWork,
+    order: NewOrder,
+    respond: Respond,
 ) -> Result<actix_web::HttpResponse, Problem> {
     let fingerprint = request_fingerprint(req.method().as_str(), req.path(), body)?;
     let Some(_in_flight) = InFlightKeys::begin(state, &client.0, &key.0) else {
         return Err(Problem::request_in_flight());
     };
     let outcome = state
-        .writer
-        .idempotent(IdempotentRequest {
+        .store
+        .create_order(CreateOrder {
             client: client.0,
             key: key.0,
             fingerprint,
             retention_secs: state.idempotency_retention_secs,
-            work,
+            order,
+            respond,
         })
         .await
         .map_err(|e| {
-            tracing::error!(error = ?e, method = %req.method(), path = req.path(), "idempotent request not carried out");
+            tracing::error!(error = %ErrorChain(&e), method = %req.method(), path = req.path(), "idempotent request not carried out");
             Problem::unavailable()
         })?;
     match outcome {

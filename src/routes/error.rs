@@ -37,13 +37,7 @@ pub const NOT_CONFIRMED: &str = "not confirmed with the provider yet; retry late
 impl std::fmt::Debug for WebhookError {
     /// The whole cause chain, so a log line says why.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self}")?;
-        let mut source = std::error::Error::source(self);
-        while let Some(cause) = source {
-            write!(f, "\n  caused by: {cause}")?;
-            source = cause.source();
-        }
-        Ok(())
+        write!(f, "{}", crate::telemetry::ErrorChain(self))
     }
 }
 

@@ -18,7 +18,7 @@ pub use error::{WebhookError, NOT_CONFIRMED};
 use crate::clock::SharedClock;
 use crate::domain::ProviderName;
 use crate::providers::Providers;
-use crate::store::{ReadPool, Writer};
+use crate::store::Store;
 
 /// Shared by every worker.
 pub struct AppState {
@@ -28,8 +28,8 @@ pub struct AppState {
     pub api_tokens: Vec<crate::config::ApiToken>,
     pub max_body_bytes: usize,
     pub clock: SharedClock,
-    pub writer: Writer,
-    pub reads: ReadPool,
+    /// Where deliveries, API orders and reads go.
+    pub store: std::sync::Arc<dyn Store>,
     pub idempotency_retention_secs: i64,
     /// Idempotency-Keys whose first request is being processed now.
     pub in_flight: api::InFlightKeys,

@@ -8,8 +8,8 @@ use super::problem::Problem;
 use super::AppState;
 use crate::domain::{EmailAddress, OrderStatus};
 use crate::providers;
-use crate::store::idempotency::StoredResponse;
-use crate::store::orders::{self, NewOrder};
+use crate::store::{NewOrder, OrderQuery, StoredResponse};
+use crate::telemetry::ErrorChain;
 
 /// The body of `POST /orders`. Unknown fields are refused, so a typo is not silently dropped.
 #[derive(Debug, Deserialize)]
@@ -124,20 +124,18 @@ pub async fn create_order(
             .metadata
             .map(|m| serde_json::Value::Object(m).to_string()),
     };
-    let client_name = client.0.clone();
-    let work = Box::new(move |conn: &rusqlite::Connection, now: i64| {
-        Ok(
-            match orders::insert_api_order(conn, &order, &client_name, now)? {
-                Some(view) => StoredResponse {
-                    status: 201,
-                    content_type: "application/json".into(),
-                    body: serde_json::to_string(&view).expect("an order serialises"),
-                },
-                None => Problem::order_exists(&order.order_id).stored(),
+    let order_id = order.order_id.clone();
+    let respond = Box::new(
+        move |created: Option<&crate::store::OrderView>| match created {
+            Some(view) => StoredResponse {
+                status: 201,
+                content_type: "application/json".into(),
+                body: serde_json::to_string(view).expect("an order serialises"),
             },
-        )
-    });
-    api::idempotent(&state, client, key, &req, &value, work).await
+            None => Problem::order_exists(&order_id).stored(),
+        },
+    );
+    api::idempotent(&state, client, key, &req, &value, order, respond).await
 }
 
 pub async fn get_order(
@@ -146,8 +144,7 @@ pub async fn get_order(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
     let order_id = path.into_inner();
-    let id = order_id.clone();
-    match read(&state, move |conn| orders::get_order(conn, &id)).await? {
+    match read(state.store.order(order_id.clone())).await? {
         Some(view) => Ok(HttpResponse::Ok().json(view)),
         None => Err(Problem::not_found(&order_id)),
     }
@@ -173,20 +170,23 @@ pub async fn list_orders(
     let query = web::Query::<ListQuery>::from_query(req.query_string())
         .map_err(|e| Problem::invalid_request(format!("query: {e}")))?
         .into_inner();
-    if let Some(status) = &query.status {
-        status
-            .parse::<OrderStatus>()
-            .map_err(|e| Problem::invalid_request(e.to_string()))?;
-    }
+    let status = query
+        .status
+        .as_deref()
+        .map(str::parse::<OrderStatus>)
+        .transpose()
+        .map_err(|e| Problem::invalid_request(e.to_string()))?;
     let limit = query.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(Problem::invalid_request(format!(
             "limit must be between 1 and {MAX_PAGE}"
         )));
     }
-    let page = read(&state, move |conn| {
-        orders::list_orders(conn, query.status.as_deref(), query.after.as_deref(), limit)
-    })
+    let page = read(state.store.orders(OrderQuery {
+        status,
+        after: query.after,
+        limit,
+    }))
     .await?;
     let next_after = (page.len() == limit as usize)
         .then(|| page.last().map(|o| o.order_id.clone()))
@@ -194,19 +194,13 @@ pub async fn list_orders(
     Ok(HttpResponse::Ok().json(serde_json::json!({ "orders": page, "next_after": next_after })))
 }
 
-/// Runs a read on a pooled read-only connection, off the async executor; any failure is an
-/// opaque 503 for the caller and a full error in the log.
-async fn read<T: Send + 'static>(
-    state: &AppState,
-    query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+/// Awaits a read of the store; any failure is an opaque 503 for the caller and a full error in
+/// the log.
+async fn read<T>(
+    query: impl std::future::Future<Output = Result<T, crate::store::StoreError>>,
 ) -> Result<T, Problem> {
-    let pool = state.reads.clone();
-    let result =
-        web::block(move || -> Result<T, crate::store::StoreError> { Ok(query(&*pool.get()?)?) })
-            .await
-            .map_err(|_| Problem::unavailable())?;
-    result.map_err(|e| {
-        tracing::error!(error = ?e, "reading orders failed");
+    query.await.map_err(|e| {
+        tracing::error!(error = %ErrorChain(&e), "reading orders failed");
         Problem::unavailable()
     })
 }

@@ -4,7 +4,7 @@ use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
-use crate::store::idempotency::StoredResponse;
+use crate::store::StoredResponse;
 
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 

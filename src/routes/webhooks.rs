@@ -111,7 +111,7 @@ async fn record(
     let (provider, event_id, detail) =
         (event.provider.clone(), event.event_id.clone(), event.detail);
     let outcome = state
-        .writer
+        .store
         .record(event, payload)
         .await
         .map_err(|e| match e {
@@ -120,7 +120,7 @@ async fn record(
                 tracing::error!(
                     %provider,
                     event_id = %crate::domain::text::Escaped(&event_id),
-                    error = ?other,
+                    error = %crate::telemetry::ErrorChain(&other),
                     "delivery not recorded"
                 );
                 WebhookError::Unavailable(other)

@@ -1,48 +1,37 @@
-//! Everything that speaks SQL: connections, the schema, the writer thread, purge and reads.
+//! The store: the one interface the rest of sekali speaks to keep what it must not lose.
 //!
-//! Write path: one dedicated thread ([`writer::Writer`]) owns the only write connection; HTTP
-//! handlers hand it verified deliveries through a bounded queue. Read path: a pool of read-only
-//! connections ([`ReadPool`]). WAL mode lets the two run side by side.
+//! Routes, jobs and commands use [`Store`] (the server's side: deliveries, the orders API, the
+//! relay's claims and results, purge batches, reads) and [`Maintenance`] (an operator's command
+//! on one connection), in domain types ([`model`], [`crate::domain`]). No engine type crosses
+//! this line: each engine lives in its own folder with all of its SQL ([`sqlite`], the embedded
+//! default), and `tests/store_conformance.rs` holds the one suite every engine must pass.
+//!
+//! The contract every engine keeps, whatever its locking:
+//! - [`Store::record`] claims the event id and applies the event's decision in ONE transaction,
+//!   and resolves only after that transaction is durable. A live claim makes a redelivery
+//!   [`Outcome::Duplicate`] with nothing written.
+//! - [`Store::create_order`] runs a key's first request, its order and its stored response in one
+//!   transaction; a repeat replays the stored response byte for byte.
+//! - The outbox is claimed under a lease; a result is recorded only while its relay still holds
+//!   the lease, and a whole batch of results commits together.
+//! - An error means nothing was committed: the caller answers 503 and the sender retries.
 
-pub mod backup;
-pub mod events;
-pub mod idempotency;
-pub mod orders;
-pub mod outbox;
-pub mod purge;
-pub mod reads;
-pub mod schema;
-pub mod statements;
-pub mod writer;
+pub mod model;
+pub mod sqlite;
 
-use std::path::Path;
-use std::time::Duration;
+use futures_util::future::BoxFuture;
 
-use r2d2_sqlite::SqliteConnectionManager;
-use rusqlite::{Connection, OpenFlags};
+pub use crate::domain::Outcome;
+use crate::domain::{NormalizedEvent, OrderStatus};
+pub use model::{
+    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventSummary, IdempotentOutcome,
+    NewOrder, OrderView, OutboxRow, Purged, RunCounts, SendOutcome, SendResult, SetStatusError,
+    StoreStats, StoredResponse, WriterStats, DEFAULT_PURGE_BATCH,
+};
 
-pub use events::Outcome;
-pub use writer::{WriteError, Writer, WriterConfig, WriterStats};
-
-/// Write connections this process has opened (the writer's, a reopen's, a command's): `serve`
-/// opens exactly one, and its relay writes through it. Reported by `/healthz`.
-static WRITE_CONNECTIONS_OPENED: std::sync::atomic::AtomicU64 =
-    std::sync::atomic::AtomicU64::new(0);
-
-pub fn write_connections_opened() -> u64 {
-    WRITE_CONNECTIONS_OPENED.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-fn count_write_connection() {
-    WRITE_CONNECTIONS_OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// How long a statement waits for another process's lock before failing with `SQLITE_BUSY`
-/// (answered as 503, which both providers retry).
-pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-pub type ReadPool = r2d2::Pool<SqliteConnectionManager>;
-
+/// A store failure. Engine errors keep their own codes (SQLite's extended result code is in the
+/// cause chain of [`StoreError::Sqlite`]) so that a log line says what the disk or the database
+/// reported.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database file {0} does not exist")]
@@ -76,6 +65,9 @@ pub enum StoreError {
     Integrity(String),
     #[error("a stored event could not be read: {0}")]
     StoredEvent(String),
+    /// A blocking task of the store could not run (the runtime is shutting down).
+    #[error("the store's blocking task did not run: {0}")]
+    Blocking(String),
 }
 
 impl StoreError {
@@ -90,220 +82,137 @@ impl StoreError {
                     DatabaseBusy | DatabaseLocked | DiskFull | SystemIoFailure | OutOfMemory
                 )
             }
-            StoreError::Pool(_) => true,
+            StoreError::Pool(_) | StoreError::Blocking(_) => true,
             _ => false,
         }
     }
 }
 
-fn apply_connection_pragmas(conn: &Connection, busy_timeout: Duration) -> rusqlite::Result<()> {
-    conn.busy_timeout(busy_timeout)?;
-    // FULL: the WAL is synced at every commit, so a 2xx (sent only after COMMIT) means durable.
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.pragma_update(None, "foreign_keys", "ON")?;
-    Ok(())
+/// Why a write did not happen. Every variant means "not committed": the caller answers 503.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("the write queue is full")]
+    QueueFull,
+    #[error("the writer is not running")]
+    WriterGone,
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
-/// Opens (creating if needed) the database for writing: WAL, `synchronous=FULL`, busy timeout,
-/// schema applied.
-pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
-    let created = !path.exists();
-    let conn = Connection::open(path).map_err(|e| explain_open_failure(path, e))?;
-    count_write_connection();
-    refuse_read_only(&conn, path)?;
-    apply_connection_pragmas(&conn, busy_timeout)?;
-    let mode: String =
-        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        // Refused, not warned of: in rollback-journal mode a commit is the journal's unlink,
-        // which `synchronous=FULL` does not sync into its directory, so a power cut can bring
-        // the journal back and roll an acknowledged commit back (the power-cut tests show it).
-        return Err(StoreError::NotWal {
-            path: path.display().to_string(),
-            mode,
-        });
-    }
-    // After a checkpoint the WAL file is truncated back to this size, so a burst does not leave
-    // a large file behind for good.
-    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
-    schema::migrate(&conn)?;
-    if created {
-        // SQLite syncs the directory when it creates the WAL, but not when it creates the
-        // database file itself: until the directory is synced, a power cut can take the file's
-        // name, and with it every commit a 2xx promised.
-        crate::durable::sync_parent(path).map_err(|e| StoreError::CannotOpen {
-            path: path.display().to_string(),
-            reason: format!("syncing its directory: {e}"),
-        })?;
-    }
-    Ok(conn)
+/// `POST /orders` under an Idempotency-Key: the key's record, the order and the response to
+/// store, all committed together.
+pub struct CreateOrder {
+    /// Who is calling (the API token's name): keys are scoped per client.
+    pub client: String,
+    pub key: String,
+    /// What identifies the request: the same key with another fingerprint is refused.
+    pub fingerprint: String,
+    pub retention_secs: i64,
+    pub order: NewOrder,
+    /// The response to store and send, from the created order, or from `None` when the order id
+    /// exists already. The route's wording, run inside the transaction: the store only keeps it.
+    pub respond: Respond,
 }
 
-/// Turns SQLite's "unable to open database file" into what the operator can act on: the file's
-/// absolute path and what is wrong with its directory.
-fn explain_open_failure(path: &Path, error: rusqlite::Error) -> StoreError {
-    let is_cannot_open = matches!(
-        &error,
-        rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::CannotOpen
-    );
-    if !is_cannot_open {
-        return error.into();
-    }
-    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-    let dir = absolute.parent().unwrap_or(Path::new("/"));
-    let reason = if !dir.is_dir() {
-        format!("the directory {} does not exist", dir.display())
-    } else if !can_create_files_in(dir) {
-        format!(
-            "the directory {} is not writable by this user (sekali creates the file and its -wal and -shm files there)",
-            dir.display()
-        )
-    } else if absolute.is_dir() {
-        "it is a directory".to_owned()
-    } else {
-        error.to_string()
-    };
-    StoreError::CannotOpen {
-        path: absolute.display().to_string(),
-        reason,
-    }
+/// Words the response to a new Idempotency-Key (see [`CreateOrder::respond`]).
+pub type Respond = Box<dyn FnOnce(Option<&OrderView>) -> StoredResponse + Send>;
+
+/// A page of orders: by id, after the cursor `after`, optionally of one status.
+#[derive(Debug, Clone, Default)]
+pub struct OrderQuery {
+    pub status: Option<OrderStatus>,
+    pub after: Option<String>,
+    pub limit: u32,
 }
 
-/// Whether this process can create a file in `dir` (tried, then removed: permission bits alone
-/// say nothing of ACLs, read-only mounts or root).
-fn can_create_files_in(dir: &Path) -> bool {
-    let probe = dir.join(format!(".sekali-probe-{}", std::process::id()));
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-    {
-        Ok(_) => {
-            let _ = std::fs::remove_file(&probe);
-            true
-        }
-        Err(e) => e.kind() == std::io::ErrorKind::AlreadyExists,
-    }
+/// The server's store. Every method may be called from any task; none blocks the async
+/// executor (an engine runs its blocking work on threads of its own).
+pub trait Store: Send + Sync {
+    /// Claims `event` and applies its effects (`payload` is the raw verified body, kept for
+    /// inspection); resolves after the commit that contains it.
+    fn record(
+        &self,
+        event: NormalizedEvent,
+        payload: String,
+    ) -> BoxFuture<'_, Result<Outcome, WriteError>>;
+
+    /// Creates an API order under its Idempotency-Key, or replays the key's stored response.
+    fn create_order(
+        &self,
+        request: CreateOrder,
+    ) -> BoxFuture<'_, Result<IdempotentOutcome, WriteError>>;
+
+    /// Claims up to `request.limit` due outbox rows under a lease for `request.owner`.
+    fn claim_outbox(
+        &self,
+        request: ClaimRequest,
+    ) -> BoxFuture<'_, Result<Vec<ClaimedEmail>, WriteError>>;
+
+    /// Records a relay batch's results in one transaction; per result, whether `owner` still
+    /// held the row's lease (false: not recorded).
+    fn record_outbox_results(
+        &self,
+        owner: String,
+        results: Vec<SendResult>,
+    ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>>;
+
+    /// Deletes up to `limit` expired event ids and idempotency keys in one transaction.
+    fn purge_batch(&self, limit: usize) -> BoxFuture<'_, Result<Purged, WriteError>>;
+
+    fn order(&self, order_id: String) -> BoxFuture<'_, Result<Option<OrderView>, StoreError>>;
+
+    fn orders(&self, query: OrderQuery) -> BoxFuture<'_, Result<Vec<OrderView>, StoreError>>;
+
+    /// Ok when the database answers a read.
+    fn check_health(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// What the store has done since it started (for `/healthz`, and tests that must know that
+    /// deliveries shared a transaction).
+    fn stats(&self) -> StoreStats;
+
+    /// Finishes everything already queued, then stops. Blocking.
+    fn shutdown(&self);
 }
 
-fn refuse_read_only(conn: &Connection, path: &Path) -> Result<(), StoreError> {
-    if conn.is_readonly(rusqlite::MAIN_DB)? {
-        return Err(StoreError::ReadOnly(path.display().to_string()));
-    }
-    Ok(())
-}
+/// An operator's command on the database (`sekali events`, `outbox`, `orders set-status`,
+/// `purge`, `backup`, and the load generator's check), on a connection of its own.
+pub trait Maintenance {
+    /// The newest events first, optionally of one provider.
+    fn events(&self, provider: Option<&str>, limit: u32) -> Result<Vec<EventSummary>, StoreError>;
 
-/// See `journal_size_limit` in [`open_for_writing`].
-pub const WAL_SIZE_LIMIT_BYTES: i64 = 32 * 1024 * 1024;
+    /// Every stored event with this id (one per provider at most).
+    fn find_events(
+        &self,
+        event_id: &str,
+        provider: Option<&str>,
+    ) -> Result<Vec<EventDetail>, StoreError>;
 
-/// Opens an existing database for a maintenance command; a missing file is an error rather
-/// than a new empty database. The schema is brought up to date when `writable`.
-pub fn open_existing(
-    path: &Path,
-    writable: bool,
-    busy_timeout: Duration,
-) -> Result<Connection, StoreError> {
-    if !path.exists() {
-        return Err(StoreError::Missing(path.display().to_string()));
-    }
-    let flags = if writable {
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX
-    } else {
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
-    };
-    let conn = Connection::open_with_flags(path, flags)?;
-    if writable {
-        count_write_connection();
-        refuse_read_only(&conn, path)?;
-        apply_connection_pragmas(&conn, busy_timeout)?;
-        schema::migrate(&conn)?;
-    } else {
-        conn.busy_timeout(busy_timeout)?;
-    }
-    Ok(conn)
-}
+    fn order(&self, order_id: &str) -> Result<Option<OrderView>, StoreError>;
 
-/// A pool of read-only connections for health checks and inspection. The file must already
-/// exist (the writer creates it first).
-pub fn read_pool(path: &Path, size: u32, busy_timeout: Duration) -> Result<ReadPool, StoreError> {
-    let manager = SqliteConnectionManager::file(path)
-        .with_flags(OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-        .with_init(move |conn| conn.busy_timeout(busy_timeout));
-    Ok(r2d2::Pool::builder()
-        .max_size(size)
-        .min_idle(Some(0))
-        .connection_timeout(Duration::from_secs(5))
-        .build(manager)?)
-}
+    /// Outbox rows, newest first, optionally of one status.
+    fn outbox(&self, status: Option<&str>, limit: u32) -> Result<Vec<OutboxRow>, StoreError>;
 
-#[cfg(test)]
-mod tests {
-    /// Fails with the bundled SQLite built with `SQLITE_STMTJRNL_SPILL=262144`: the statement
-    /// journal of an UPDATE that outgrew it could not spill to its temp file, and the whole
-    /// transaction failed with SQLITE_FULL, the disk nowhere near full.
-    #[test]
-    fn a_statement_journal_that_spills_to_its_temp_file_commits() {
-        let dir = std::env::temp_dir().join(format!("sekali-spill-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let conn =
-            super::open_for_writing(&dir.join("spill.db"), std::time::Duration::from_secs(1))
-                .unwrap();
-        conn.execute_batch(
-            "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);
-             WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 4000)
-             INSERT INTO t SELECT x, hex(randomblob(200)) FROM c;",
-        )
-        .unwrap();
-        // About 1.8 MB of pages, journaled by one statement inside a transaction (and again
-        // inside a savepoint, as the writer runs the relay's claims).
-        conn.execute_batch(
-            "BEGIN IMMEDIATE; UPDATE t SET v = hex(randomblob(200)); COMMIT;
-             BEGIN IMMEDIATE; SAVEPOINT s; UPDATE t SET v = hex(randomblob(200)); RELEASE s;
-             COMMIT;",
-        )
-        .unwrap();
-        drop(conn);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
+    fn outbox_row(&self, id: i64) -> Result<Option<OutboxRow>, StoreError>;
 
-    /// An in-memory database has no WAL: it stands for any file SQLite cannot put in WAL mode.
-    #[test]
-    fn a_database_that_cannot_be_in_wal_mode_is_refused_for_writing() {
-        let refused = super::open_for_writing(
-            std::path::Path::new(":memory:"),
-            std::time::Duration::from_secs(1),
-        );
-        assert!(
-            matches!(&refused, Err(super::StoreError::NotWal { mode, .. }) if mode == "memory"),
-            "{refused:?}"
-        );
-    }
+    /// A dead row back to pending, due now, with its attempts reset. False if it was not dead.
+    fn retry_dead(&self, id: i64, now_ms: i64) -> Result<bool, StoreError>;
 
-    /// The bundled SQLite was built with the options in `.cargo/config.toml` (a build that
-    /// missed them would still be correct, only slower).
-    #[test]
-    fn bundled_sqlite_has_the_configured_options() {
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        let options: Vec<String> = conn
-            .prepare("PRAGMA compile_options")
-            .unwrap()
-            .query_map([], |row| row.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert!(
-            !options.iter().any(|o| o.starts_with("STMTJRNL_SPILL")),
-            "{options:?}"
-        );
-        // No memory statistics and no memory management: each took a global mutex on the
-        // writer's hot path.
-        assert!(
-            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
-            "{options:?}"
-        );
-        assert!(
-            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
-            "{options:?}"
-        );
-    }
+    /// The operator's override: any status, recorded as a transition by `operator`, with the
+    /// customer notice the new status carries. Returns the previous status.
+    fn set_status_by_operator(
+        &self,
+        order_id: &str,
+        status: OrderStatus,
+        now_unix: i64,
+    ) -> Result<OrderStatus, SetStatusError>;
+
+    /// A whole purge pass: batches in their own transactions until one comes back short.
+    fn purge_all_expired(&self, now_unix: i64, batch: usize) -> Result<Purged, StoreError>;
+
+    /// A consistent copy of the database at `out`, checked and durable before this returns.
+    fn backup(&self, out: &std::path::Path) -> Result<BackupReport, StoreError>;
+
+    /// Rows of one load-generator run: events whose id, and orders and emails whose order id,
+    /// contain `marker`.
+    fn run_counts(&self, marker: &str) -> Result<RunCounts, StoreError>;
 }

@@ -28,8 +28,8 @@ pub struct TestApp {
     pub db_path: PathBuf,
     pub clock: Arc<ManualClock>,
     pub client: awc::Client,
-    /// The server's writer, for a relay that writes through it as the one inside `serve` does.
-    pub writer: sekali::store::Writer,
+    /// The server's store, for a relay that writes through it as the one inside `serve` does.
+    pub store: std::sync::Arc<dyn sekali::store::Store>,
     handle: ServerHandle,
     _dir: TempDir,
 }
@@ -86,7 +86,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let app = Application::build(settings, clock.clone()).expect("the app builds");
     let port = app.port();
     let handle = app.handle();
-    let writer = app.writer();
+    let store = app.store();
     actix_web::rt::spawn(app.run_until_stopped());
     TestApp {
         address: format!("http://127.0.0.1:{port}"),
@@ -96,7 +96,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
         client: awc::Client::builder()
             .timeout(Duration::from_secs(30))
             .finish(),
-        writer,
+        store,
         handle,
         _dir: dir,
     }
@@ -224,7 +224,7 @@ impl TestApp {
     }
 
     pub fn order_status(&self, order_id: &str) -> Option<String> {
-        sekali::store::reads::order_status(&self.db(), order_id).unwrap()
+        sekali::store::sqlite::reads::order_status(&self.db(), order_id).unwrap()
     }
 
     pub fn order(&self, order_id: &str) -> (String, i64, i64) {

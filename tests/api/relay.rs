@@ -168,7 +168,7 @@ impl Drop for RunningRelay {
 /// A relay that writes through the app's writer, as the one inside `serve` does.
 fn start_relay(app: &TestApp, config: RelayConfig, mail: MailConfig) -> RunningRelay {
     let stop = CancellationToken::new();
-    let queue = Queue::Writer(app.writer.clone());
+    let queue = Queue::server(app.store.clone());
     let thread = spawn_relay(config, mail, app.clock.clone(), stop.clone(), queue);
     RunningRelay {
         stop,

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use rusqlite::Connection;
-use sekali::store::schema::SCHEMA_VERSION;
+use sekali::store::sqlite::schema::SCHEMA_VERSION;
 
 use crate::helpers::*;
 

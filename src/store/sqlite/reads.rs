@@ -1,26 +1,8 @@
 //! Read-only queries: health and inspection.
 
 use rusqlite::{params, Connection, OptionalExtension};
-use serde::Serialize;
 
-#[derive(Debug, Clone, Serialize)]
-pub struct EventSummary {
-    pub provider: String,
-    pub event_id: String,
-    pub event_type: String,
-    pub order_id: Option<String>,
-    pub outcome: String,
-    pub received_at: String,
-    pub expires_at: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct EventDetail {
-    #[serde(flatten)]
-    pub summary: EventSummary,
-    pub payment_intent_id: Option<String>,
-    pub payload: String,
-}
+use crate::store::model::{EventDetail, EventSummary, RunCounts};
 
 /// Proves the database answers: the schema is readable.
 pub fn check_health(conn: &Connection) -> rusqlite::Result<()> {
@@ -95,4 +77,18 @@ pub fn order_status(conn: &Connection, order_id: &str) -> rusqlite::Result<Optio
         |row| row.get(0),
     )
     .optional()
+}
+
+/// The rows of one load-generator run: every id of a run contains its marker.
+pub fn run_counts(conn: &Connection, marker: &str) -> rusqlite::Result<RunCounts> {
+    let pattern = format!("%{marker}%");
+    let count = |sql: &str| conn.query_row(sql, [&pattern], |row| row.get::<_, i64>(0));
+    Ok(RunCounts {
+        events: count("SELECT count(*) FROM processed_events WHERE event_id LIKE ?1")?,
+        orders: count("SELECT count(*) FROM orders WHERE order_id LIKE ?1")?,
+        emails: count("SELECT count(*) FROM email_outbox WHERE order_id LIKE ?1")?,
+        orders_emailed: count(
+            "SELECT count(DISTINCT order_id) FROM email_outbox WHERE order_id LIKE ?1",
+        )?,
+    })
 }

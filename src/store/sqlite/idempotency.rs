@@ -7,44 +7,17 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use super::orders::insert_api_order;
 use super::StoreError;
 use crate::clock::iso_seconds;
+use crate::store::model::{IdempotentOutcome, StoredResponse};
+use crate::store::CreateOrder;
 
-/// A response as stored and replayed, byte for byte.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredResponse {
-    pub status: u16,
-    pub content_type: String,
-    pub body: String,
-}
-
-/// The work a route does on a new key, inside the transaction. It returns the response to
-/// store (a success or a business rejection); an `Err` rolls everything back and stores nothing.
-pub type IdempotentWork =
-    Box<dyn FnOnce(&Connection, i64) -> Result<StoredResponse, StoreError> + Send>;
-
-pub struct IdempotentRequest {
-    /// Who is calling (the API token's name): keys are scoped per client.
-    pub client: String,
-    pub key: String,
-    pub fingerprint: String,
-    pub retention_secs: i64,
-    pub work: IdempotentWork,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IdempotentOutcome {
-    /// The work ran now; this is its response (also stored).
-    Fresh(StoredResponse),
-    /// The same request was made before with this key: its stored response.
-    Replayed(StoredResponse),
-    /// The key was used before for a different request.
-    FingerprintMismatch,
-}
-
+/// Runs `request` under its key inside the caller's transaction: a new key creates the order
+/// and stores the response `request.respond` renders for it.
 pub fn run_idempotent(
     conn: &Connection,
-    request: IdempotentRequest,
+    request: CreateOrder,
     now_unix: i64,
 ) -> Result<IdempotentOutcome, StoreError> {
     let now = iso_seconds(now_unix);
@@ -71,7 +44,8 @@ pub fn run_idempotent(
             IdempotentOutcome::FingerprintMismatch
         });
     }
-    let response = (request.work)(conn, now_unix)?;
+    let created = insert_api_order(conn, &request.order, &request.client, now_unix)?;
+    let response = (request.respond)(created.as_ref());
     // An expired row for this key counts as absent: it is replaced.
     conn.prepare_cached(
         "INSERT INTO idempotency_keys (client, key, fingerprint, status, response_status, response_body,

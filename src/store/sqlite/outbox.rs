@@ -5,50 +5,11 @@
 //! row's lease, so two relays never both record a row: the lease is longer than the transport
 //! timeout, and a relay that overran its lease finds its update refused.
 
+use crate::store::model::{ClaimRequest, ClaimedEmail, OutboxRow, SendOutcome, SendResult};
 use rusqlite::{params, Connection, OptionalExtension};
-use serde::Serialize;
 
 use super::StoreError;
 use crate::clock::iso_millis;
-
-/// A row claimed for sending, with what rendering needs.
-#[derive(Debug, Clone)]
-pub struct ClaimedEmail {
-    pub id: i64,
-    pub order_id: String,
-    pub recipient: Option<String>,
-    pub template: String,
-    pub params: String,
-    pub idempotency_key: String,
-    /// Transport tries before this one.
-    pub attempts: i64,
-    /// When its first counted try was made (`first_tried_at`), in Unix milliseconds.
-    pub first_tried_ms: Option<i64>,
-    /// `metadata.locale` of the order, if it set one.
-    pub locale: Option<String>,
-}
-
-/// A row as `sekali outbox list/show` prints it.
-#[derive(Debug, Clone, Serialize)]
-pub struct OutboxRow {
-    pub id: i64,
-    pub order_id: String,
-    pub recipient: Option<String>,
-    pub template: String,
-    pub status: String,
-    pub attempts: i64,
-    pub idempotency_key: String,
-    pub created_at: String,
-    pub next_attempt_at: Option<String>,
-    pub lease_owner: Option<String>,
-    pub lease_until: Option<String>,
-    pub last_error: Option<String>,
-    pub sent_at: Option<String>,
-    pub params: String,
-    /// When the first counted try was made: with the HTTP email API, the key's 24 h run from
-    /// here.
-    pub first_tried_at: Option<String>,
-}
 
 fn in_write_transaction<T>(
     conn: &Connection,
@@ -65,14 +26,6 @@ fn in_write_transaction<T>(
             Err(e.into())
         }
     }
-}
-
-/// What a relay asks for: up to `limit` due rows, held for `owner` until `now + lease`.
-#[derive(Debug, Clone)]
-pub struct ClaimRequest {
-    pub owner: String,
-    pub lease_ms: i64,
-    pub limit: usize,
 }
 
 /// Claims due rows as `request` says, in its own transaction (a relay with a connection of its
@@ -141,33 +94,6 @@ pub fn claim_due_in_transaction(
     }
     claimed.sort_by_key(|e| e.id);
     Ok(claimed)
-}
-
-/// What became of one claimed row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SendOutcome {
-    /// The transport confirmed it.
-    Sent,
-    /// A counted try failed: due again at `retry_at_ms`, or `dead` when that is `None`.
-    Failed {
-        error: String,
-        retry_at_ms: Option<i64>,
-    },
-    /// Not sent and no try counted: the transport was unavailable (due again at `retry_at_ms`),
-    /// or the row was withheld (`dead` when that is `None`). The error is kept.
-    Untried {
-        error: String,
-        retry_at_ms: Option<i64>,
-    },
-    /// No recipient: nothing to send, visibly.
-    Skipped,
-}
-
-/// The outcome of row `id`, to record for the relay that claimed it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendResult {
-    pub id: i64,
-    pub outcome: SendOutcome,
 }
 
 /// Records `results` for `owner` in one transaction of its own (`sekali relay`); see

@@ -33,12 +33,16 @@ use tokio::sync::oneshot;
 use tracing::Span;
 
 use super::events::{record_event_and_apply, Outcome};
-use super::idempotency::{run_idempotent, IdempotentOutcome, IdempotentRequest};
-use super::outbox::{self, ClaimRequest, ClaimedEmail, SendResult};
+use super::idempotency::run_idempotent;
+use super::outbox;
 use super::statements::Statements;
 use super::{open_for_writing, purge, StoreError};
 use crate::clock::SharedClock;
 use crate::domain::NormalizedEvent;
+use crate::store::model::{
+    ClaimRequest, ClaimedEmail, IdempotentOutcome, Purged, SendResult, WriterStats,
+};
+use crate::store::{CreateOrder, WriteError};
 
 #[derive(Debug, Clone)]
 pub struct WriterConfig {
@@ -54,17 +58,6 @@ pub struct WriterConfig {
     /// Reads back the parked events an older sekali stored as bodies only (see
     /// [`convert_legacy_parked`](super::events::convert_legacy_parked)); `None` leaves them.
     pub reread_parked: Option<super::events::RereadStored>,
-}
-
-/// Why a write did not happen. Every variant means "not committed": the caller answers 503.
-#[derive(Debug, thiserror::Error)]
-pub enum WriteError {
-    #[error("the write queue is full")]
-    QueueFull,
-    #[error("the writer is not running")]
-    WriterGone,
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }
 
 type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
@@ -99,23 +92,6 @@ pub struct WriterCounters {
     reopens: AtomicU64,
 }
 
-/// A reading of [`WriterCounters`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct WriterStats {
-    /// Write transactions committed.
-    pub transactions: u64,
-    /// Deliveries committed (duplicates included).
-    pub deliveries: u64,
-    /// Relay claims served, and the rows they claimed.
-    pub outbox_claims: u64,
-    pub outbox_claimed_rows: u64,
-    /// Batches of relay results recorded, and the results in them.
-    pub outbox_result_batches: u64,
-    pub outbox_results: u64,
-    /// Times the writer replaced its connection (a panic, an I/O fault).
-    pub reopens: u64,
-}
-
 impl WriterCounters {
     fn add(counter: &AtomicU64, n: usize) {
         counter.fetch_add(n as u64, Ordering::Relaxed);
@@ -147,7 +123,7 @@ enum Work {
     },
     /// A request to sekali's own API under an Idempotency-Key.
     Idempotent {
-        request: IdempotentRequest,
+        request: CreateOrder,
         reply: Reply<IdempotentOutcome>,
     },
     /// The relay inside `serve` claiming due outbox rows.
@@ -246,10 +222,7 @@ impl Done {
 
 enum Job {
     Record(Box<RecordJob>),
-    PurgeBatch {
-        limit: usize,
-        reply: Reply<purge::Purged>,
-    },
+    PurgeBatch { limit: usize, reply: Reply<Purged> },
     Shutdown,
 }
 
@@ -315,10 +288,7 @@ impl Writer {
 
     /// Runs `request` under its Idempotency-Key in the writer's transaction; resolves after the
     /// COMMIT that contains it.
-    pub async fn idempotent(
-        &self,
-        request: IdempotentRequest,
-    ) -> Result<IdempotentOutcome, WriteError> {
+    pub async fn idempotent(&self, request: CreateOrder) -> Result<IdempotentOutcome, WriteError> {
         let (reply, answer) = oneshot::channel();
         let job = RecordJob {
             work: Work::Idempotent { request, reply },
@@ -381,7 +351,7 @@ impl Writer {
     }
 
     /// Deletes up to `limit` expired event ids and idempotency keys in one transaction.
-    pub async fn purge_batch(&self, limit: usize) -> Result<purge::Purged, WriteError> {
+    pub async fn purge_batch(&self, limit: usize) -> Result<Purged, WriteError> {
         let (reply, answer) = oneshot::channel();
         self.submit(Job::PurgeBatch { limit, reply })?;
         answer.await.unwrap_or(Err(WriteError::WriterGone))
@@ -571,7 +541,7 @@ fn reopen(config: &WriterConfig) -> Connection {
         match open_writer_connection(config) {
             Ok(conn) => return conn,
             Err(e) => {
-                tracing::error!(error = ?e, "reopening the write connection failed; retrying in 1s");
+                tracing::error!(error = %crate::telemetry::ErrorChain(&e), "reopening the write connection failed; retrying in 1s");
                 std::thread::sleep(Duration::from_secs(1));
             }
         }
@@ -658,13 +628,13 @@ fn rerun_without(
     if conn.is_autocommit() {
         // SQLite rolled the whole transaction back by itself (it does on SQLITE_FULL,
         // SQLITE_IOERR and similar): the connection may be unusable, so nothing is retried.
-        tracing::error!(error = ?error, "the batch transaction is lost; everything in it gets 503");
+        tracing::error!(error = %crate::telemetry::ErrorChain(&error), "the batch transaction is lost; everything in it gets 503");
         poisoned.work.fail();
         records.into_iter().for_each(|job| job.work.fail());
         return matches!(&error, StoreError::Sqlite(e) if is_connection_fault(e));
     }
     if let Err(e) = conn.execute_batch("ROLLBACK") {
-        tracing::error!(error = ?StoreError::from(e), "could not roll back a failed batch; everything in it gets 503");
+        tracing::error!(error = %crate::telemetry::ErrorChain(&StoreError::from(e)), "could not roll back a failed batch; everything in it gets 503");
         poisoned.work.fail();
         records.into_iter().for_each(|job| job.work.fail());
         return true;
@@ -690,7 +660,7 @@ fn rerun_without(
 fn abandon(conn: &Connection, done: Vec<Done>, broken: StoreError) -> bool {
     // The savepoint could not be undone, or SQLite rolled the whole transaction back by itself
     // (it does on SQLITE_FULL, SQLITE_IOERR and similar): nothing in this batch may commit.
-    tracing::error!(error = ?broken, "the batch transaction is lost; everything in it gets 503");
+    tracing::error!(error = %crate::telemetry::ErrorChain(&broken), "the batch transaction is lost; everything in it gets 503");
     if !conn.is_autocommit() {
         let _ = conn.execute_batch("ROLLBACK");
     }
@@ -741,7 +711,7 @@ fn finish_in_savepoints(
 fn begin(conn: &Connection) -> Result<(), bool> {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let reopen = is_connection_fault(&e);
-        tracing::error!(error = ?StoreError::from(e), "could not begin the write transaction");
+        tracing::error!(error = %crate::telemetry::ErrorChain(&StoreError::from(e)), "could not begin the write transaction");
         return Err(reopen);
     }
     if fault_injected("writer::after_begin") {
@@ -766,7 +736,7 @@ fn commit_and_answer(conn: &Connection, done: Vec<Done>, counters: &WriterCounte
     };
     if let Err(e) = committed {
         let broken = is_connection_fault(&e);
-        tracing::error!(error = ?StoreError::from(e), "COMMIT failed; everything in the batch gets 503");
+        tracing::error!(error = %crate::telemetry::ErrorChain(&StoreError::from(e)), "COMMIT failed; everything in the batch gets 503");
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
@@ -818,7 +788,7 @@ fn run_work(db: &mut Statements<'_>, work: Work, now: Now) -> (Done, Option<Stor
             ) {
                 Ok(result) => {
                     if let Err(e) = &result {
-                        tracing::error!(client, error = ?e, "API work failed and was rolled back alone");
+                        tracing::error!(client, error = %crate::telemetry::ErrorChain(e), "API work failed and was rolled back alone");
                     }
                     (Done::Idempotent(reply, result), None)
                 }
@@ -842,7 +812,7 @@ fn run_work(db: &mut Statements<'_>, work: Work, now: Now) -> (Done, Option<Stor
             ) {
                 Ok(result) => {
                     if let Err(e) = &result {
-                        tracing::warn!(error = ?e, "the relay's claim failed and was rolled back alone");
+                        tracing::warn!(error = %crate::telemetry::ErrorChain(e), "the relay's claim failed and was rolled back alone");
                     }
                     (Done::OutboxClaim(reply, result), None)
                 }
@@ -871,7 +841,7 @@ fn run_work(db: &mut Statements<'_>, work: Work, now: Now) -> (Done, Option<Stor
             ) {
                 Ok(result) => {
                     if let Err(e) = &result {
-                        tracing::warn!(error = ?e, "recording the relay's results failed and was rolled back alone");
+                        tracing::warn!(error = %crate::telemetry::ErrorChain(e), "recording the relay's results failed and was rolled back alone");
                     }
                     (Done::OutboxResults(reply, result), None)
                 }
@@ -890,7 +860,7 @@ fn log_delivery_failure(event: &NormalizedEvent, error: &StoreError) {
     tracing::error!(
         provider = %event.provider,
         event_id = event.event_id,
-        error = ?error,
+        error = %crate::telemetry::ErrorChain(error),
         "delivery failed and was rolled back alone"
     );
 }

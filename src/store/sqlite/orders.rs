@@ -1,44 +1,13 @@
 //! Orders as sekali's own API sees them: creation, reads, and the operator's override.
 
 use rusqlite::{params, Connection, OptionalExtension};
-use serde::Serialize;
 
 use super::events::{load_order, record_change};
 use super::statements::Statements;
 use super::StoreError;
 use crate::clock::iso_seconds;
 use crate::domain::OrderStatus;
-
-/// An order as the API returns it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct OrderView {
-    pub order_id: String,
-    pub status: String,
-    pub provider: String,
-    pub amount: Option<i64>,
-    pub refunded_amount: i64,
-    pub currency: Option<String>,
-    pub customer_email: Option<String>,
-    pub metadata: Option<serde_json::Value>,
-    pub source: String,
-    pub payment_intent_id: Option<String>,
-    pub created_at: String,
-    pub updated_at: String,
-}
-
-/// A validated order to create.
-#[derive(Debug, Clone)]
-pub struct NewOrder {
-    pub order_id: String,
-    pub amount: i64,
-    pub currency: String,
-    pub provider: String,
-    /// Decimals of `amount` in its provider's units.
-    pub exponent: u32,
-    pub customer_email: Option<String>,
-    /// A JSON object, as text.
-    pub metadata: Option<String>,
-}
+use crate::store::model::{NewOrder, OrderView, SetStatusError};
 
 const VIEW_COLUMNS: &str =
     "order_id, status, provider, amount, refunded_amount, currency, customer_email, \
@@ -123,14 +92,6 @@ pub fn insert_api_order(
     // Created in pending, which carries no notice: this records the transition only.
     record_change(db, "api", &origin, &order.order_id, None, &state, &now)?;
     Ok(get_order(conn, &order.order_id)?)
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SetStatusError {
-    #[error("no order with id {0}")]
-    NoSuchOrder(String),
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }
 
 /// The operator's override (`sekali orders set-status`): any status, recorded as a transition by

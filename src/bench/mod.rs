@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+mod report;
+
+pub use report::BenchReport;
 
 use crate::clock::{Clock, SystemClock};
 use crate::providers::Provider;
@@ -55,121 +57,6 @@ pub enum BenchError {
     Url(String),
     #[error("--check-db: {0}")]
     Check(String),
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct BenchReport {
-    pub provider: String,
-    pub run_id: String,
-    /// "ascending" or "random": the order of the ids (see [`EventTemplate::with_random_ids`]).
-    pub ids: &'static str,
-    pub concurrency: usize,
-    /// The offered rate (`--rate`), requests per second; absent when every connection sends
-    /// as soon as its previous answer arrives. When set, a request that went out late is timed
-    /// from when it was due (see [`Pacing`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rate: Option<f64>,
-    pub sent: usize,
-    pub unique: usize,
-    pub ok_2xx: usize,
-    pub non_2xx: BTreeMap<u16, usize>,
-    pub errors: usize,
-    /// With `--retry`: requests sent again after a 5xx. Only a delivery's final answer counts
-    /// in `ok_2xx`, `non_2xx` or `errors`.
-    pub retried: usize,
-    pub seconds: f64,
-    /// Requests answered 2xx per second: what the server durably accepted. A non-2xx answer or
-    /// an error counts in `sent`, never here.
-    pub deliveries_per_sec: f64,
-    /// Latency percentiles of the requests answered 2xx, in milliseconds; `None` (JSON `null`)
-    /// when none was. A fast refusal (a 503 from a full queue, a 401 from a wrong secret) would
-    /// otherwise pull them down.
-    pub p50_ms: Option<f64>,
-    pub p90_ms: Option<f64>,
-    pub p99_ms: Option<f64>,
-    pub max_ms: Option<f64>,
-    /// "ok" or what --check-db found wrong; absent without --check-db.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub check_db: Option<String>,
-}
-
-impl BenchReport {
-    /// Why the run does not show the server accepting every delivery, if it does not: nothing
-    /// sent, requests that failed or were answered other than 2xx (a wrong secret, a full
-    /// queue), or what `--check-db` found. The command then exits non-zero.
-    pub fn failure(&self) -> Option<String> {
-        let refused: usize = self.non_2xx.values().sum();
-        let mut why = Vec::new();
-        if self.sent == 0 {
-            why.push("no request was sent".to_owned());
-        }
-        if self.errors > 0 {
-            why.push(format!(
-                "{} of {} requests failed without an answer",
-                self.errors, self.sent
-            ));
-        }
-        if refused > 0 {
-            why.push(format!(
-                "{refused} of {} requests were answered other than 2xx",
-                self.sent
-            ));
-        }
-        if let Some(check) = self.check_db.as_deref().filter(|c| *c != "ok") {
-            why.push(format!("--check-db: {check}"));
-        }
-        (!why.is_empty()).then(|| why.join("; "))
-    }
-
-    /// The human-readable table printed after the JSON line.
-    pub fn table(&self) -> String {
-        let non_2xx = if self.non_2xx.is_empty() {
-            "none".to_owned()
-        } else {
-            self.non_2xx
-                .iter()
-                .map(|(code, n)| format!("{code}: {n}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let ms =
-            |v: Option<f64>| v.map_or_else(|| "- (no 2xx)".to_owned(), |v| format!("{v:.2} ms"));
-        let mut out = format!(
-            "provider           {}\nids                {}\nconcurrency        {}\nsent               {}\nunique events      {}\n\
-             2xx                {}\nnon-2xx            {}\nerrors             {}\nseconds            {:.2}\n\
-             deliveries/s       {:.0} (answered 2xx)\n2xx latency p50    {}\n2xx latency p90    {}\n\
-             2xx latency p99    {}\n2xx latency max    {}\n",
-            self.provider,
-            self.ids,
-            self.concurrency,
-            self.sent,
-            self.unique,
-            self.ok_2xx,
-            non_2xx,
-            self.errors,
-            self.seconds,
-            self.deliveries_per_sec,
-            ms(self.p50_ms),
-            ms(self.p90_ms),
-            ms(self.p99_ms),
-            ms(self.max_ms)
-        );
-        if self.retried > 0 {
-            out.push_str(&format!(
-                "retried            {} (sent again after a 5xx, as a provider would)\n",
-                self.retried
-            ));
-        }
-        if let Some(rate) = self.rate {
-            out.push_str(&format!(
-                "offered rate       {rate:.0}/s (a request sent late is timed from when it was due)\n"
-            ));
-        }
-        if let Some(check) = &self.check_db {
-            out.push_str(&format!("check-db           {check}\n"));
-        }
-        out
-    }
 }
 
 /// Marks where the event number goes in a rendered template.
@@ -599,24 +486,22 @@ async fn client_loop(
 /// Every unique event of this run has exactly one `processed_events` row and exactly one effect
 /// (its receipt in `email_outbox`).
 fn check_db(db: &std::path::Path, run_id: &str, unique: usize) -> Result<String, BenchError> {
-    let conn = crate::store::open_existing(db, false, crate::store::DEFAULT_BUSY_TIMEOUT)
+    use crate::store::Maintenance;
+    let counts = crate::store::sqlite::SqliteMaintenance::open(db, false)
+        .and_then(|store| store.run_counts(&format!("bench_{run_id}_")))
         .map_err(|e| BenchError::Check(e.to_string()))?;
-    let pattern = format!("%bench_{run_id}_%");
-    let count = |sql: &str| -> Result<i64, BenchError> {
-        conn.query_row(sql, [&pattern], |row| row.get(0))
-            .map_err(|e| BenchError::Check(e.to_string()))
-    };
-    let rows = count("SELECT count(*) FROM processed_events WHERE event_id LIKE ?1")?;
-    let orders = count("SELECT count(*) FROM orders WHERE order_id LIKE ?1")?;
-    let emails = count("SELECT count(*) FROM email_outbox WHERE order_id LIKE ?1")?;
-    let distinct_emails =
-        count("SELECT count(DISTINCT order_id) FROM email_outbox WHERE order_id LIKE ?1")?;
     let unique = unique as i64;
-    if rows == unique && orders == unique && emails == unique && distinct_emails == unique {
+    let crate::store::RunCounts {
+        events,
+        orders,
+        emails,
+        orders_emailed,
+    } = counts;
+    if events == unique && orders == unique && emails == unique && orders_emailed == unique {
         Ok("ok".to_owned())
     } else {
         Ok(format!(
-            "MISMATCH: {unique} unique events sent, {rows} event rows, {orders} orders, {emails} emails ({distinct_emails} orders with one)"
+            "MISMATCH: {unique} unique events sent, {events} event rows, {orders} orders, {emails} emails ({orders_emailed} orders with one)"
         ))
     }
 }

@@ -25,7 +25,7 @@ use rusqlite::{Connection, OptionalExtension};
 use super::StoreError;
 
 /// The text of `schema.sql`: version 5.
-pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
+pub const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = 5;
@@ -255,10 +255,10 @@ mod tests {
     #[test]
     fn every_check_rewrite_finds_its_text_and_ends_at_schema_sql() {
         let schema_of = |version: i64| match version {
-            1 => include_str!("../../fixtures/schema-v1.sql"),
-            2 => include_str!("../../fixtures/schema-v2.sql"),
-            3 => include_str!("../../fixtures/schema-v3.sql"),
-            4 => include_str!("../../fixtures/schema-v4.sql"),
+            1 => include_str!("../../../fixtures/schema-v1.sql"),
+            2 => include_str!("../../../fixtures/schema-v2.sql"),
+            3 => include_str!("../../../fixtures/schema-v3.sql"),
+            4 => include_str!("../../../fixtures/schema-v4.sql"),
             _ => SCHEMA_SQL,
         };
         for (version, table, old, new) in CHECK_REWRITES {

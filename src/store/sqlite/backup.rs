@@ -7,13 +7,7 @@ use rusqlite::backup::{Backup, StepResult};
 use rusqlite::Connection;
 
 use super::{open_existing, StoreError};
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackupReport {
-    pub pages: i64,
-    pub processed_events: i64,
-    pub orders: i64,
-}
+use crate::store::model::BackupReport;
 
 /// Copies the database at `source` to `out` and checks the copy.
 ///

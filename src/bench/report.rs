@@ -1,0 +1,120 @@
+//! What `sekali bench` reports: one JSON line and a table, and whether the run failed.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub provider: String,
+    pub run_id: String,
+    /// "ascending" or "random": the order of the ids (see [`EventTemplate::with_random_ids`]).
+    pub ids: &'static str,
+    pub concurrency: usize,
+    /// The offered rate (`--rate`), requests per second; absent when every connection sends
+    /// as soon as its previous answer arrives. When set, a request that went out late is timed
+    /// from when it was due (see [`Pacing`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    pub sent: usize,
+    pub unique: usize,
+    pub ok_2xx: usize,
+    pub non_2xx: BTreeMap<u16, usize>,
+    pub errors: usize,
+    /// With `--retry`: requests sent again after a 5xx. Only a delivery's final answer counts
+    /// in `ok_2xx`, `non_2xx` or `errors`.
+    pub retried: usize,
+    pub seconds: f64,
+    /// Requests answered 2xx per second: what the server durably accepted. A non-2xx answer or
+    /// an error counts in `sent`, never here.
+    pub deliveries_per_sec: f64,
+    /// Latency percentiles of the requests answered 2xx, in milliseconds; `None` (JSON `null`)
+    /// when none was. A fast refusal (a 503 from a full queue, a 401 from a wrong secret) would
+    /// otherwise pull them down.
+    pub p50_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub max_ms: Option<f64>,
+    /// "ok" or what --check-db found wrong; absent without --check-db.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check_db: Option<String>,
+}
+
+impl BenchReport {
+    /// Why the run does not show the server accepting every delivery, if it does not: nothing
+    /// sent, requests that failed or were answered other than 2xx (a wrong secret, a full
+    /// queue), or what `--check-db` found. The command then exits non-zero.
+    pub fn failure(&self) -> Option<String> {
+        let refused: usize = self.non_2xx.values().sum();
+        let mut why = Vec::new();
+        if self.sent == 0 {
+            why.push("no request was sent".to_owned());
+        }
+        if self.errors > 0 {
+            why.push(format!(
+                "{} of {} requests failed without an answer",
+                self.errors, self.sent
+            ));
+        }
+        if refused > 0 {
+            why.push(format!(
+                "{refused} of {} requests were answered other than 2xx",
+                self.sent
+            ));
+        }
+        if let Some(check) = self.check_db.as_deref().filter(|c| *c != "ok") {
+            why.push(format!("--check-db: {check}"));
+        }
+        (!why.is_empty()).then(|| why.join("; "))
+    }
+
+    /// The human-readable table printed after the JSON line.
+    pub fn table(&self) -> String {
+        let non_2xx = if self.non_2xx.is_empty() {
+            "none".to_owned()
+        } else {
+            self.non_2xx
+                .iter()
+                .map(|(code, n)| format!("{code}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let ms =
+            |v: Option<f64>| v.map_or_else(|| "- (no 2xx)".to_owned(), |v| format!("{v:.2} ms"));
+        let mut out = format!(
+            "provider           {}\nids                {}\nconcurrency        {}\nsent               {}\nunique events      {}\n\
+             2xx                {}\nnon-2xx            {}\nerrors             {}\nseconds            {:.2}\n\
+             deliveries/s       {:.0} (answered 2xx)\n2xx latency p50    {}\n2xx latency p90    {}\n\
+             2xx latency p99    {}\n2xx latency max    {}\n",
+            self.provider,
+            self.ids,
+            self.concurrency,
+            self.sent,
+            self.unique,
+            self.ok_2xx,
+            non_2xx,
+            self.errors,
+            self.seconds,
+            self.deliveries_per_sec,
+            ms(self.p50_ms),
+            ms(self.p90_ms),
+            ms(self.p99_ms),
+            ms(self.max_ms)
+        );
+        if self.retried > 0 {
+            out.push_str(&format!(
+                "retried            {} (sent again after a 5xx, as a provider would)\n",
+                self.retried
+            ));
+        }
+        if let Some(rate) = self.rate {
+            out.push_str(&format!(
+                "offered rate       {rate:.0}/s (a request sent late is timed from when it was due)\n"
+            ));
+        }
+        if let Some(check) = &self.check_db {
+            out.push_str(&format!("check-db           {check}\n"));
+        }
+        out
+    }
+}

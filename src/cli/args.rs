@@ -1,0 +1,441 @@
+//! The command line's arguments: what each command takes, its defaults and its checks. What the
+//! commands do is in [`super::commands`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sekali",
+    version,
+    about = "Exactly-once Stripe and Midtrans webhook receiver on SQLite"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Receive webhooks. Each provider's secret comes from the environment (see below); at
+    /// least one must be set.
+    #[command(after_help = serve_environment())]
+    Serve(Box<ServeArgs>),
+    /// Delete expired event ids now (one purge pass) and print how many.
+    Purge(DbArgs),
+    /// Copy the database while sekali runs (SQLite online backup), then check the copy.
+    Backup(BackupArgs),
+    /// Sign fixture files as the provider would and POST them to a running sekali.
+    Replay(ReplayArgs),
+    /// Load generator: send signed deliveries to a running sekali and report throughput and
+    /// latency (secrets from the same environment variables as serve).
+    Bench(BenchArgs),
+    /// Inspect processed events (read-only).
+    #[command(subcommand)]
+    Events(EventsCommand),
+    /// Operator actions on orders.
+    #[command(subcommand)]
+    Orders(OrdersCommand),
+    /// Run the outbox relay alone (for a separate process); `serve` runs one too unless
+    /// --no-relay.
+    Relay(RelayCommandArgs),
+    /// Inspect the email outbox, and revive dead rows.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+}
+
+/// `serve --help` ends with the settings that have no flag: secrets never go on a command line
+/// (where `ps` shows them), and the mail transport is chosen by which of them is set. Each
+/// provider's come from its registration.
+fn serve_environment() -> String {
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    for registration in crate::providers::REGISTRY {
+        for (name, what) in registration.environment {
+            rows.push((name, (*what).to_owned()));
+        }
+    }
+    rows.extend([
+        (
+            config::ENV_API_TOKENS,
+            "name:token pairs, comma-separated, for the orders API (unset: it is off)".to_owned(),
+        ),
+        (
+            "SEKALI_SMTP_URL",
+            "send emails over SMTP (smtp://user:pass@host:587 or smtps://...)".to_owned(),
+        ),
+        (
+            "SEKALI_MAIL_API_URL",
+            "else send them to an HTTP email API, with SEKALI_MAIL_API_KEY".to_owned(),
+        ),
+        (
+            "SEKALI_MAIL_FROM",
+            "the sender (default sekali@localhost; may be \"Shop <shop@example.com>\")".to_owned(),
+        ),
+        ("RUST_LOG", "log verbosity (default info)".to_owned()),
+    ]);
+    let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let mut text = String::from("Settings read only from the environment:\n");
+    for (name, what) in rows {
+        text.push_str(&format!("  {name:<width$}  {what}\n"));
+    }
+    text.push_str(
+        "Neither SMTP nor an API set: emails are written as .eml files to --mail-dir.\n\n",
+    );
+    text.push_str("Provider options (--provider-option NAME.OPTION=VALUE; every provider also takes retention):\n");
+    for registration in crate::providers::REGISTRY {
+        for (option, what) in registration.options {
+            text.push_str(&format!("  {}.{option}  {what}\n", registration.name));
+        }
+    }
+    text
+}
+
+/// On or off, for a setting that has no third value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+/// A duration such as `90s`, `12h` or `30d`, longer than zero: a zero interval would spin and
+/// a zero retention would keep nothing.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("must be longer than zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A duration as [`positive_duration`] takes it, kept as its text (the provider parses it).
+fn positive_duration_text(text: &str) -> Result<String, String> {
+    positive_duration(text).map(|_| text.to_owned())
+}
+
+/// `NAME=DURATION`, for a registered provider.
+fn provider_retention(text: &str) -> Result<(String, String), String> {
+    let (name, duration) = text
+        .split_once('=')
+        .ok_or("expected NAME=DURATION, such as stripe=30d")?;
+    registered(name)?;
+    positive_duration(duration)?;
+    Ok((name.to_owned(), duration.to_owned()))
+}
+
+/// `NAME.OPTION=VALUE`, for a registered provider.
+fn provider_option(text: &str) -> Result<((String, String), String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or("expected NAME.OPTION=VALUE, such as midtrans.status-check=off")?;
+    let (name, option) = key
+        .split_once('.')
+        .ok_or("expected NAME.OPTION=VALUE, such as midtrans.status-check=off")?;
+    registered(name)?;
+    Ok(((name.to_owned(), option.to_owned()), value.to_owned()))
+}
+
+fn registered(name: &str) -> Result<(), String> {
+    if crate::providers::is_registered(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "no provider is called `{name}` (known: {})",
+            crate::providers::known()
+        ))
+    }
+}
+
+/// A registered provider's name, for `--provider`.
+fn provider_name(text: &str) -> Result<String, String> {
+    registered(text).map(|()| text.to_owned())
+}
+
+/// An `http://` or `https://` URL with a host.
+fn http_url(text: &str) -> Result<String, String> {
+    match text.parse::<awc::http::Uri>() {
+        Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {
+            Ok(text.trim_end_matches('/').to_owned())
+        }
+        _ => Err("expected an http:// or https:// URL such as https://api.midtrans.com".into()),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct DbArgs {
+    /// SQLite database file.
+    #[arg(long, env = "SEKALI_DB", default_value = "sekali.db")]
+    pub db: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "SEKALI_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// SQLite database file (created if missing).
+    #[arg(long, env = "SEKALI_DB", default_value = "sekali.db")]
+    pub db: PathBuf,
+    /// Accepted distance in seconds between a Stripe signature's timestamp and now, both ways
+    /// [default: 300] (the option stripe.tolerance).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stripe_tolerance: Option<u64>,
+    /// Largest accepted request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_BODY_BYTES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..))]
+    pub max_body_bytes: usize,
+    /// How long Stripe event ids are remembered, longer than Stripe's 30-day resend window
+    /// [default: 30d] (the same as --retention stripe=DURATION).
+    #[arg(long, value_parser = positive_duration_text)]
+    pub stripe_retention: Option<String>,
+    /// How long Midtrans event ids are remembered, longer than its retries of about 6 hours
+    /// [default: 7d] (the same as --retention midtrans=DURATION).
+    #[arg(long, value_parser = positive_duration_text)]
+    pub midtrans_retention: Option<String>,
+    /// How long a provider's event ids are remembered, as NAME=DURATION (xendit=14d);
+    /// repeatable. Each provider's default outlasts its redelivery window.
+    #[arg(long = "retention", value_name = "NAME=DURATION", value_parser = provider_retention)]
+    pub retentions: Vec<(String, String)>,
+    /// A provider's setting, as NAME.OPTION=VALUE (midtrans.status-check=off); repeatable. The
+    /// options are listed below.
+    #[arg(long = "provider-option", value_name = "NAME.OPTION=VALUE", value_parser = provider_option)]
+    pub provider_options: Vec<((String, String), String)>,
+    /// How often expired event ids are purged.
+    #[arg(long, default_value = "1h", value_parser = positive_duration)]
+    pub purge_interval: Duration,
+    /// Most deliveries committed by one transaction (1 = one transaction per delivery).
+    #[arg(long, default_value_t = config::DEFAULT_BATCH_MAX as u32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch_max: u32,
+    /// Deliveries that may wait for the writer before new ones get 503 with Retry-After.
+    #[arg(long, default_value_t = config::DEFAULT_QUEUE_CAPACITY,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub queue_capacity: usize,
+    /// How long Idempotency-Keys of the orders API and their stored responses are kept.
+    #[arg(long, default_value = "24h", value_parser = positive_duration)]
+    pub idempotency_retention: Duration,
+    /// HTTP worker threads, at most 512 (0: one per core).
+    #[arg(long, default_value_t = 0,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=512))]
+    pub workers: usize,
+    /// Do not run the outbox relay in this process (run `sekali relay` elsewhere).
+    #[arg(long)]
+    pub no_relay: bool,
+    /// Confirm each Midtrans notification with Midtrans's status API before applying it
+    /// [default: on, or SEKALI_MIDTRANS_STATUS_CHECK]. The signature covers no
+    /// transaction_status; with `off`, a status forged within its status code's class (a refund
+    /// signed as a settlement) is believed.
+    #[arg(long, value_enum)]
+    pub midtrans_status_check: Option<Switch>,
+    /// Base URL of Midtrans's status API [default: MIDTRANS_API_URL, else
+    /// https://api.sandbox.midtrans.com for a sandbox key (SB-...), else
+    /// https://api.midtrans.com].
+    #[arg(long, value_parser = http_url)]
+    pub midtrans_api_url: Option<String>,
+    #[command(flatten)]
+    pub relay: RelayArgs,
+}
+
+/// How the relay sends: SEKALI_SMTP_URL (smtp:// or smtps://user:pass@host), else
+/// SEKALI_MAIL_API_URL with SEKALI_MAIL_API_KEY (an HTTP email API), else .eml files in
+/// --mail-dir. Sender: SEKALI_MAIL_FROM (default sekali@localhost).
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// Where emails are written when no SMTP server or email API is configured.
+    #[arg(long, default_value = "mail")]
+    pub mail_dir: PathBuf,
+    /// Backoff base: after failure n the delay is random(0, min(max, base*2^(n-1))).
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
+    pub relay_base_delay: Duration,
+    /// Backoff cap (also caps a server's Retry-After).
+    #[arg(long, default_value = "1h", value_parser = positive_duration)]
+    pub relay_max_delay: Duration,
+    /// Transport tries before a row is dead.
+    #[arg(long, default_value_t = crate::jobs::relay::DEFAULT_MAX_ATTEMPTS)]
+    pub relay_max_attempts: u32,
+    /// How long a relay holds the rows it claimed; longer than the transport timeout.
+    #[arg(long, default_value = "5m", value_parser = positive_duration)]
+    pub relay_lease: Duration,
+    /// Longest a single send may take.
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
+    pub relay_timeout: Duration,
+    /// How often an idle relay looks for due rows.
+    #[arg(long, default_value = "1s", value_parser = positive_duration)]
+    pub relay_poll_interval: Duration,
+}
+
+impl RelayArgs {
+    pub(super) fn into_config(
+        self,
+        db_path: PathBuf,
+    ) -> (
+        crate::jobs::relay::RelayConfig,
+        crate::mail::transport::MailConfig,
+    ) {
+        let mail = crate::mail::transport::MailConfig::from_env(self.mail_dir, self.relay_timeout);
+        let owner = format!(
+            "{}:{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "sekali".into()),
+            std::process::id()
+        );
+        let config = crate::jobs::relay::RelayConfig {
+            db_path,
+            busy_timeout: crate::store::sqlite::DEFAULT_BUSY_TIMEOUT,
+            base_delay: self.relay_base_delay,
+            max_delay: self.relay_max_delay,
+            max_attempts: self.relay_max_attempts,
+            lease: self.relay_lease,
+            transport_timeout: self.relay_timeout,
+            batch: if mail.smtp_url.is_some() || mail.http_url.is_some() {
+                crate::jobs::relay::NETWORK_BATCH
+            } else {
+                crate::jobs::relay::FILE_BATCH
+            },
+            poll_interval: self.relay_poll_interval,
+            owner,
+            from: mail.from.clone(),
+            seed: None,
+        };
+        (config, mail)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RelayCommandArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub relay: RelayArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// The newest outbox rows.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Only rows with this status.
+        #[arg(long, value_parser = ["pending", "sent", "dead", "skipped"])]
+        status: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// One row, with its parameters and last error.
+    Show {
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Put a dead row back to pending, due now, attempts reset.
+    Retry {
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Where to write the copy; must not exist yet.
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The webhook URL, e.g. http://127.0.0.1:8080/webhooks/stripe.
+    #[arg(long)]
+    pub url: String,
+    /// Provider to imitate; by default taken from the URL path.
+    #[arg(long, value_parser = provider_name)]
+    pub provider: Option<String>,
+    /// Unique events to send.
+    #[arg(long, default_value_t = 20_000)]
+    pub events: usize,
+    /// Redeliveries per unique event (0.2: one in six requests is a redelivery).
+    #[arg(long, default_value_t = 0.2)]
+    pub dup_ratio: f64,
+    /// Concurrent keep-alive connections.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Stop sending after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub max_seconds: f64,
+    /// Client threads.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Offer this many requests per second, spread evenly over the connections, on a fixed
+    /// schedule. A request that goes out late, because its connection was still waiting for an
+    /// answer, is timed from when it was due, so a server that falls behind shows it (default:
+    /// each connection sends as soon as its previous answer arrives).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Give events, PaymentIntents and orders ids in random order instead of ascending, as a
+    /// shop with random (UUIDv4) order ids would see: several times the bytes written per
+    /// delivery (see the README's Performance section).
+    #[arg(long)]
+    pub random_ids: bool,
+    /// Send a delivery answered 5xx (a full queue's 503, say) again after its Retry-After (1 s
+    /// without one), re-signed, as the providers do, until it is answered otherwise or its next
+    /// try could fall after --max-seconds. With --check-db, this shows that nothing refused
+    /// under overload is lost.
+    #[arg(long)]
+    pub retry: bool,
+    /// Afterwards, check in this database file that every unique event has exactly one row and
+    /// one effect.
+    #[arg(long)]
+    pub check_db: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The webhook URL, e.g. http://127.0.0.1:8080/webhooks/stripe.
+    #[arg(long)]
+    pub url: String,
+    /// Provider of the files; by default taken from the URL path.
+    #[arg(long, value_parser = provider_name)]
+    pub provider: Option<String>,
+    /// Event bodies to sign and send, in order.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OrdersCommand {
+    /// Move an order to any status by hand (for example out of needs_review), recorded as an
+    /// `operator` transition; the new status's customer email is queued.
+    SetStatus {
+        /// The order id.
+        id: String,
+        /// pending, paid, failed, cancelled, expired, partially_refunded, refunded, disputed or
+        /// needs_review.
+        status: crate::domain::OrderStatus,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// The newest processed events.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        #[arg(long, value_parser = provider_name)]
+        provider: Option<String>,
+    },
+    /// One event with its stored payload.
+    Show {
+        /// The event id (Stripe evt_..., or the derived Midtrans id).
+        id: String,
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long, value_parser = provider_name)]
+        provider: Option<String>,
+    },
+}

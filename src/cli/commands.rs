@@ -1,0 +1,337 @@
+//! What each command does. Each returns its exit status or an error, which
+//! [`run`](super::run) prints once.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use super::args::{
+    BackupArgs, BenchArgs, DbArgs, EventsCommand, OutboxCommand, RelayCommandArgs, ReplayArgs,
+    ServeArgs, Switch,
+};
+use super::{print_columns, write_stdout};
+use crate::clock::{Clock, SystemClock};
+use crate::config::{self, Settings};
+use crate::domain::text::{escaped_block, Escaped};
+use crate::domain::OrderStatus;
+use crate::providers::{ProviderSettings, Providers};
+use crate::startup::Application;
+use crate::store::sqlite::{SqliteMaintenance, SqliteStore, WriterConfig};
+use crate::store::{Maintenance, Store, DEFAULT_PURGE_BATCH};
+
+/// The provider settings of the command line, by `(provider, option)`: the generic
+/// `--retention` and `--provider-option`, and the flags that name one provider's option.
+fn provider_options(args: &ServeArgs) -> std::collections::BTreeMap<(String, String), String> {
+    let mut options = std::collections::BTreeMap::new();
+    let mut set = |provider: &str, option: &str, value: String| {
+        options.insert((provider.to_owned(), option.to_owned()), value);
+    };
+    for ((provider, option), value) in &args.provider_options {
+        set(provider, option, value.clone());
+    }
+    for (provider, duration) in &args.retentions {
+        set(provider, "retention", duration.clone());
+    }
+    if let Some(tolerance) = args.stripe_tolerance {
+        set("stripe", "tolerance", tolerance.to_string());
+    }
+    if let Some(retention) = &args.stripe_retention {
+        set("stripe", "retention", retention.clone());
+    }
+    if let Some(retention) = &args.midtrans_retention {
+        set("midtrans", "retention", retention.clone());
+    }
+    if let Some(check) = args.midtrans_status_check {
+        let value = if check == Switch::On { "on" } else { "off" };
+        set("midtrans", "status-check", value.to_owned());
+    }
+    if let Some(url) = &args.midtrans_api_url {
+        set("midtrans", "api-url", url.clone());
+    }
+    options
+}
+
+/// The providers whose secrets are set in the environment, with these options.
+fn configure_providers(
+    options: &std::collections::BTreeMap<(String, String), String>,
+) -> Result<Providers, String> {
+    let env = |name: &str| std::env::var(name).ok();
+    Providers::configure(&ProviderSettings { env: &env, options })
+}
+
+/// What a command returns: its exit status, or the error [`super::run`] prints.
+type CommandResult = Result<ExitCode, Box<dyn std::error::Error>>;
+
+const DONE: CommandResult = Ok(ExitCode::SUCCESS);
+
+pub(super) fn serve(args: ServeArgs) -> CommandResult {
+    crate::telemetry::init();
+    let providers = configure_providers(&provider_options(&args))?;
+    let api_tokens = config::api_tokens_from_env()?;
+    let mut settings = Settings::new(args.listen, args.db, providers);
+    settings.require_a_provider()?;
+    settings.api_tokens = api_tokens;
+    settings.max_body_bytes = args.max_body_bytes;
+    settings.purge_interval = args.purge_interval;
+    settings.batch_max = args.batch_max as usize;
+    settings.queue_capacity = args.queue_capacity;
+    settings.workers = args.workers;
+    settings.idempotency_retention = args.idempotency_retention;
+    if !args.no_relay {
+        settings.relay = Some(args.relay.into_config(settings.db_path.clone()));
+    }
+    let served = actix_web::rt::System::new().block_on(async move {
+        let app = Application::build(settings, Arc::new(SystemClock))?;
+        Ok::<_, Box<dyn std::error::Error>>(app.run_until_stopped().await?)
+    });
+    served?;
+    DONE
+}
+
+pub(super) fn purge(args: DbArgs) -> CommandResult {
+    let purged = SqliteMaintenance::open(&args.db, true)?
+        .purge_all_expired(SystemClock.now_unix(), DEFAULT_PURGE_BATCH)?;
+    crate::outln!("purged {} expired event ids", purged.events);
+    crate::outln!(
+        "purged {} expired idempotency keys",
+        purged.idempotency_keys
+    );
+    DONE
+}
+
+pub(super) fn backup(args: BackupArgs) -> CommandResult {
+    let report = SqliteMaintenance::open(&args.db.db, false)?.backup(&args.out)?;
+    crate::outln!(
+        "backed up {} to {}: {} pages, {} processed events, {} orders, integrity ok",
+        args.db.db.display(),
+        args.out.display(),
+        report.pages,
+        report.processed_events,
+        report.orders
+    );
+    DONE
+}
+
+pub(super) fn bench(args: BenchArgs) -> CommandResult {
+    if let Some(rate) = args.rate.filter(|r| !(r.is_finite() && *r > 0.0)) {
+        return Err(format!("--rate {rate}: give a positive number of requests per second").into());
+    }
+    let configured = configure_providers(&Default::default())?;
+    let provider =
+        crate::replay::choose_provider(&configured, args.provider.as_deref(), &args.url)?;
+    let config = crate::bench::BenchConfig {
+        url: args.url,
+        provider,
+        events: args.events,
+        dup_ratio: args.dup_ratio.max(0.0),
+        concurrency: args.concurrency.max(1),
+        max_seconds: args.max_seconds,
+        threads: args.threads.max(1),
+        rate: args.rate,
+        random_ids: args.random_ids,
+        retry: args.retry,
+        check_db: args.check_db,
+    };
+    let report = crate::bench::run_bench(&config)?;
+    crate::outln!(
+        "{}",
+        serde_json::to_string(&report).expect("a report serialises")
+    );
+    write_stdout(format_args!("{}", report.table()));
+    match report.failure() {
+        None => DONE,
+        Some(why) => Err(why.into()),
+    }
+}
+
+pub(super) fn replay(args: ReplayArgs) -> CommandResult {
+    let configured = configure_providers(&Default::default())?;
+    let provider =
+        crate::replay::choose_provider(&configured, args.provider.as_deref(), &args.url)?;
+    let all_accepted = actix_web::rt::System::new().block_on(crate::replay::replay_files(
+        &args.url,
+        provider.as_ref(),
+        &args.files,
+        SystemClock.now_unix(),
+    ))?;
+    // Each refused file was reported as it was sent.
+    Ok(if all_accepted {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
+    crate::telemetry::init();
+    let (config, mail) = args.relay.into_config(args.db.db);
+    // Validated first: `check` creates the mail directory.
+    config.validate(mail.uses_http_api())?;
+    mail.check()?;
+    actix_web::rt::System::new().block_on(async move {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let on_signal = shutdown.clone();
+        actix_web::rt::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            on_signal.cancel();
+        });
+        let clock: crate::clock::SharedClock = Arc::new(SystemClock);
+        // Its own write connection: a writer of its own, which commits each claim and each
+        // batch of results in one transaction.
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_existing(
+            WriterConfig {
+                db_path: config.db_path.clone(),
+                batch_max: crate::config::DEFAULT_BATCH_MAX,
+                queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
+                busy_timeout: config.busy_timeout,
+                max_page_count: None,
+                reread_parked: None,
+            },
+            clock.clone(),
+        )?);
+        let queue = crate::jobs::relay::Queue::own(store.clone());
+        let result = crate::jobs::relay::run_relay(config, mail, clock, shutdown, queue).await;
+        let _ = actix_web::rt::task::spawn_blocking(move || store.shutdown()).await;
+        result
+    })?;
+    DONE
+}
+
+pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
+    let (db, writable) = match &command {
+        OutboxCommand::List { db, .. } | OutboxCommand::Show { db, .. } => (db, false),
+        OutboxCommand::Retry { db, .. } => (db, true),
+    };
+    let store = SqliteMaintenance::open(&db.db, writable)?;
+    match command {
+        OutboxCommand::List { status, limit, .. } => {
+            let rows = store
+                .outbox(status.as_deref(), limit)?
+                .into_iter()
+                .map(|r| {
+                    [
+                        r.id.to_string(),
+                        r.status,
+                        r.attempts.to_string(),
+                        r.template,
+                        r.order_id,
+                        r.next_attempt_at.unwrap_or_else(|| "-".into()),
+                        r.last_error.unwrap_or_default(),
+                    ]
+                });
+            print_columns(
+                [
+                    "ID",
+                    "STATUS",
+                    "ATTEMPTS",
+                    "TEMPLATE",
+                    "ORDER_ID",
+                    "NEXT_ATTEMPT_AT",
+                    "LAST_ERROR",
+                ],
+                rows.collect(),
+            );
+        }
+        OutboxCommand::Show { id, .. } => {
+            let row = store
+                .outbox_row(id)?
+                .ok_or_else(|| format!("no outbox row with id {id}"))?;
+            crate::outln!(
+                "{}",
+                serde_json::to_string_pretty(&row).expect("a row serialises")
+            );
+        }
+        OutboxCommand::Retry { id, .. } => {
+            if !store.retry_dead(id, SystemClock.now_millis())? {
+                return Err(match store.outbox_row(id)? {
+                    Some(row) => format!(
+                        "outbox row {id} is {}, not dead (only dead rows can be retried)",
+                        row.status
+                    ),
+                    None => format!("no outbox row with id {id}"),
+                }
+                .into());
+            }
+            crate::outln!("outbox row {id}: dead -> pending");
+        }
+    }
+    DONE
+}
+
+pub(super) fn set_status(id: &str, status: OrderStatus, db: &DbArgs) -> CommandResult {
+    let previous = SqliteMaintenance::open(&db.db, true)?.set_status_by_operator(
+        id,
+        status,
+        SystemClock.now_unix(),
+    )?;
+    crate::outln!("order {id}: {previous} -> {status}");
+    DONE
+}
+
+pub(super) fn events(command: EventsCommand) -> CommandResult {
+    let db_path = match &command {
+        EventsCommand::List { db, .. } | EventsCommand::Show { db, .. } => db.db.clone(),
+    };
+    let store = SqliteMaintenance::open(&db_path, false)?;
+    match command {
+        EventsCommand::List {
+            limit, provider, ..
+        } => {
+            let rows = store
+                .events(provider.as_deref(), limit)?
+                .into_iter()
+                .map(|row| {
+                    [
+                        row.received_at,
+                        row.provider,
+                        row.outcome,
+                        row.event_type,
+                        row.order_id.unwrap_or_else(|| "-".into()),
+                        row.event_id,
+                    ]
+                });
+            print_columns(
+                [
+                    "RECEIVED_AT",
+                    "PROVIDER",
+                    "OUTCOME",
+                    "EVENT_TYPE",
+                    "ORDER_ID",
+                    "EVENT_ID",
+                ],
+                rows.collect(),
+            );
+        }
+        EventsCommand::Show { id, provider, .. } => {
+            let rows = store.find_events(&id, provider.as_deref())?;
+            if rows.is_empty() {
+                return Err(format!("no stored event with id {id}").into());
+            }
+            for row in rows {
+                let s = &row.summary;
+                let field = |text: &str| Escaped(text).to_string();
+                crate::outln!("provider:          {}", field(&s.provider));
+                crate::outln!("event_id:          {}", field(&s.event_id));
+                crate::outln!("event_type:        {}", field(&s.event_type));
+                crate::outln!(
+                    "order_id:          {}",
+                    field(s.order_id.as_deref().unwrap_or("-"))
+                );
+                crate::outln!("outcome:           {}", s.outcome);
+                crate::outln!("received_at:       {}", s.received_at);
+                crate::outln!("expires_at:        {}", s.expires_at);
+                crate::outln!(
+                    "payment_intent_id: {}",
+                    field(row.payment_intent_id.as_deref().unwrap_or("-"))
+                );
+                crate::outln!("payload:\n{}", escaped_block(row.payload.trim_end()));
+            }
+        }
+    }
+    DONE
+}

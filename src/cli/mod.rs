@@ -1,0 +1,89 @@
+//! The command line. [`args`] says what each command takes; [`commands`] does it, each command
+//! returning a `Result` that [`run`] turns into the process's exit status, printing an error
+//! once, as `error: …`.
+
+pub mod args;
+mod commands;
+
+use std::process::ExitCode;
+
+pub use args::{Cli, Command};
+
+use crate::domain::text::Escaped;
+
+/// Runs a parsed command line; errors are printed to stderr as `error: …`.
+pub fn run(cli: Cli) -> ExitCode {
+    let result = match cli.command {
+        Command::Serve(args) => commands::serve(*args),
+        Command::Purge(args) => commands::purge(args),
+        Command::Backup(args) => commands::backup(args),
+        Command::Replay(args) => commands::replay(args),
+        Command::Bench(args) => commands::bench(args),
+        Command::Events(command) => commands::events(command),
+        Command::Orders(args::OrdersCommand::SetStatus { id, status, db }) => {
+            commands::set_status(&id, status, &db)
+        }
+        Command::Relay(args) => commands::relay(args),
+        Command::Outbox(command) => commands::outbox(command),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes a command's output to stdout (through [`outln!`](crate::outln)). A reader that has
+/// gone away (`sekali events list | head`) is not an error: the rest of the output is dropped
+/// and the command's exit status stands, where `println!` would panic. Any other failure to
+/// write (a full disk behind a redirect) ends the command with an error.
+pub fn write_stdout(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static READER_GONE: AtomicBool = AtomicBool::new(false);
+    if READER_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Err(e) = std::io::stdout().lock().write_fmt(text) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            READER_GONE.store(true, Ordering::Relaxed);
+        } else {
+            eprintln!("error: writing to standard output: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Prints a header and rows in columns two spaces apart, each as wide as its widest cell, so a
+/// long event type or order id does not push the columns after it out of line.
+pub(crate) fn print_columns<const N: usize>(header: [&str; N], rows: Vec<[String; N]>) {
+    // Cells come from the database, and ids from webhooks are whatever a stranger sent: each is
+    // escaped, so an id with ESC or CR cannot recolour the terminal or forge a row.
+    let rows: Vec<[String; N]> = rows
+        .into_iter()
+        .map(|row| row.map(|cell| Escaped(&cell).to_string()))
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; N]| {
+        let mut line = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 < N {
+                line.push_str(&format!("{cell:<width$}  ", width = widths[i]));
+            } else {
+                line.push_str(cell);
+            }
+        }
+        crate::outln!("{}", line.trim_end());
+    };
+    line(header);
+    for row in &rows {
+        line(row.each_ref().map(String::as_str));
+    }
+}
