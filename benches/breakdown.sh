@@ -52,7 +52,7 @@ git archive HEAD | tar -x -C "$scratch"
 # path outside the scratch directory, which is all of them, and say nothing.
 git -C "$scratch" init --quiet
 git -C "$scratch" apply benches/breakdown.patch
-grep -q SEKALI_BREAKDOWN "$scratch/src/store/events.rs" \
+grep -q SEKALI_BREAKDOWN "$scratch/src/store/sqlite/events.rs" \
     || { echo "benches/breakdown.patch did not take; nothing measured" >&2; exit 1; }
 (cd "$scratch" && cargo build --release --quiet --target-dir "$base")
 bin=$base/release/sekali
