@@ -14,6 +14,7 @@
 
 pub mod midtrans;
 pub mod stripe;
+pub mod xendit;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +24,11 @@ use futures_util::future::LocalBoxFuture;
 use crate::domain::{NormalizedEvent, ProviderName};
 
 /// Every provider sekali knows, in the order they are listed.
-pub const REGISTRY: &[Registration] = &[stripe::REGISTRATION, midtrans::REGISTRATION];
+pub const REGISTRY: &[Registration] = &[
+    stripe::REGISTRATION,
+    midtrans::REGISTRATION,
+    xendit::REGISTRATION,
+];
 
 /// The headers of a delivery, by case-insensitive name.
 pub trait Headers {

@@ -314,6 +314,7 @@ fn serve_refuses_to_start_without_any_provider_secret() {
         .arg(dir.path().join("s.db"))
         .env_remove("STRIPE_WEBHOOK_SECRET")
         .env_remove("MIDTRANS_SERVER_KEY")
+        .env_remove("XENDIT_CALLBACK_TOKEN")
         .output()
         .unwrap();
     assert!(!output.status.success());

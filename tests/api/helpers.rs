@@ -361,6 +361,7 @@ impl ServeProcess {
             .args(args)
             .env_remove("STRIPE_WEBHOOK_SECRET")
             .env_remove("MIDTRANS_SERVER_KEY")
+            .env_remove("XENDIT_CALLBACK_TOKEN")
             // As in spawn_app: the check has tests of its own, against a stand-in of the API
             // (a test can pass SEKALI_MIDTRANS_STATUS_CHECK=on in `env`).
             .env("SEKALI_MIDTRANS_STATUS_CHECK", "off")

@@ -18,3 +18,4 @@ mod relay;
 mod schema;
 mod stripe;
 mod stripe_shapes;
+mod xendit;
