@@ -81,12 +81,28 @@ async fn report_refusals(refused: std::sync::Arc<routes::Refused>, shutdown: Can
 /// SIGTERM and SIGINT (ctrl-c) stop the server gracefully: it stops accepting, answers every
 /// request in flight, then shuts down in order ([`Application::run_until_stopped`]). A second
 /// signal stops it at once, for someone who does not want to wait.
-async fn stop_on_signals(server: ServerHandle) {
+///
+/// The handlers are installed by this call, not when the returned future first runs: `build`
+/// calls it before it logs that it listens, so a SIGTERM sent as soon as that line is out stops
+/// the server gracefully too (it used to kill it, the handlers not being there yet).
+fn stop_on_signals(server: ServerHandle) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
+    );
+    stop_on(handlers, server)
+}
+
+/// The future of [`stop_on_signals`], on its installed handlers.
+async fn stop_on(
+    handlers: (
+        std::io::Result<tokio::signal::unix::Signal>,
+        std::io::Result<tokio::signal::unix::Signal>,
+    ),
+    server: ServerHandle,
+) {
+    let (Ok(mut term), Ok(mut int)) = handlers else {
         tracing::error!("cannot install the SIGTERM and SIGINT handlers; stop sekali with SIGKILL");
         return;
     };

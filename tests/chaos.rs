@@ -31,6 +31,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::Connection;
 use serde_json::json;
 
+#[allow(dead_code)]
+#[path = "api/helpers.rs"]
+mod helpers;
+
 const STRIPE_SECRET: &str = "whsec_chaos_c2VrYWxpLWNoYW9zLXNlY3JldA";
 const MIDTRANS_KEY: &str = "SB-Mid-server-chaos-key";
 const SENDERS: usize = 8;
@@ -317,16 +321,18 @@ fn workload(events_wanted: usize) -> Workload {
 
 struct Server {
     child: Option<Child>,
+    /// The port the server reported; 0 until it first started.
     port: u16,
     db: PathBuf,
     log: PathBuf,
 }
 
 impl Server {
-    fn start(port: u16, db: &Path, log: &Path) -> Server {
+    /// Starts the server on a port of the system's choosing, which `port` then holds.
+    fn start(db: &Path, log: &Path) -> Server {
         let mut server = Server {
             child: None,
-            port,
+            port: 0,
             db: db.to_owned(),
             log: log.to_owned(),
         };
@@ -340,10 +346,13 @@ impl Server {
             .append(true)
             .open(&self.log)
             .unwrap();
+        let log_start = log.metadata().unwrap().len();
         let mail = self.db.parent().unwrap().join("mail");
         let child = Command::new(env!("CARGO_BIN_EXE_sekali"))
             .args([
                 "serve",
+                // First any free port (0), which the server reports; a restart asks for that
+                // same port again, as the senders keep sending to it.
                 "--listen",
                 &format!("127.0.0.1:{}", self.port),
                 // A killed relay's rows are claimed again once their lease runs out: seconds
@@ -363,12 +372,19 @@ impl Server {
             .env("MIDTRANS_SERVER_KEY", MIDTRANS_KEY)
             // Notifications applied as sent: the chaos is the server's, not Midtrans's API.
             .env("SEKALI_MIDTRANS_STATUS_CHECK", "off")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", helpers::rust_log_with_listening_line("warn"))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap();
-        self.child = Some(child);
+        let child = self.child.insert(child);
+        let port = helpers::port_from_log(&self.log, log_start, child, Duration::from_secs(20));
+        assert!(
+            self.port == 0 || port == self.port,
+            "restarted on {port}, not on {}",
+            self.port
+        );
+        self.port = port;
         let agent = agent();
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
@@ -488,12 +504,9 @@ fn crash_chaos_loses_nothing_and_applies_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("chaos.db");
     let log = dir.path().join("server.log");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let server = Arc::new(Mutex::new(Server::start(port, &db, &log)));
+    let server = Server::start(&db, &log);
+    let port = server.port;
+    let server = Arc::new(Mutex::new(server));
 
     // Phase 1: concurrent senders; a killer thread kills and restarts the server K times.
     let acked: Arc<Vec<AtomicBool>> =

@@ -4,10 +4,19 @@
 //! a delivery is either committed whole (claim, order change, transition, outbox row) or not at
 //! all, and it is answered 2xx only if committed. `FailScenario` holds a process-wide lock, so
 //! these tests run one at a time.
+//!
+//! The tests of what deliveries that share a batch do to each other are here too: the fault
+//! point `writer::before_batch` holds the writer while they queue (see [`in_one_batch`]), and
+//! the writer's counters show that they did share one transaction. (Fault points are the
+//! process's, so a test that holds the writer must not run beside other tests' servers.)
 
 #[allow(dead_code)]
 #[path = "api/helpers.rs"]
 mod helpers;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fail::FailScenario;
 use futures_util::future::join_all;
@@ -152,23 +161,72 @@ async fn a_panic_inside_a_delivery_answers_503_and_the_writer_carries_on() {
     scenario.teardown();
 }
 
+/// What the writer committed while [`in_one_batch`] ran.
+#[derive(Debug, PartialEq, Eq)]
+struct Committed {
+    transactions: u64,
+    deliveries: u64,
+}
+
+/// Runs `send` while the writer is held before its next batch (fault point
+/// `writer::before_batch`), and releases it once `jobs` units of work (deliveries and API
+/// requests) are in its queue (counted at `writer::queued`): the writer then takes them all
+/// into one batch. Returns what `send` returned, and what the writer committed meanwhile
+/// (`/healthz`'s `writer` counters), from which a test tells whether they really shared one
+/// transaction. No sleeping on a lock and hoping: with `batch_max = 1`, the same test sees one
+/// transaction per delivery.
+async fn in_one_batch<T>(
+    app: &TestApp,
+    jobs: u64,
+    send: impl std::future::Future<Output = T>,
+) -> (T, Committed) {
+    let queued = Arc::new(AtomicU64::new(0));
+    let counter = queued.clone();
+    fail::cfg_callback("writer::queued", move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    fail::cfg("writer::before_batch", "pause").unwrap();
+    let before = app.writer.stats();
+    let release = async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while queued.load(Ordering::SeqCst) < jobs {
+            // (A panic here drops the test's FailScenario, which releases the writer.)
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {jobs} jobs reached the writer's queue",
+                queued.load(Ordering::SeqCst)
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(
+            app.writer.stats(),
+            before,
+            "the writer committed nothing while it was held"
+        );
+        fail::remove("writer::before_batch");
+    };
+    let (sent, ()) = futures_util::future::join(send, release).await;
+    fail::remove("writer::queued");
+    assert_eq!(queued.load(Ordering::SeqCst), jobs, "no other work queued");
+    let after = app.writer.stats();
+    let committed = Committed {
+        transactions: after.transactions - before.transactions,
+        deliveries: after.deliveries - before.deliveries,
+    };
+    (sent, committed)
+}
+
 #[actix_web::test]
 async fn a_poisoned_delivery_inside_a_batch_fails_alone_and_the_rest_commit() {
     let scenario = FailScenario::setup();
     let app = spawn_app().await;
-    // Hold the write lock from outside so the deliveries pile up and are committed together.
-    let locker = rusqlite::Connection::open(&app.db_path).unwrap();
-    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
     // The second delivery to reach this point fails; every other one passes.
     fail::cfg("store::after_effects", "1*off->1*return->off").unwrap();
 
     let bodies = batch_bodies(20);
     let sending = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
-    let release = async {
-        actix_web::rt::time::sleep(std::time::Duration::from_millis(500)).await;
-        locker.execute_batch("ROLLBACK").unwrap();
-    };
-    let (answers, ()) = futures_util::future::join(sending, release).await;
+    let (answers, committed) = in_one_batch(&app, 20, sending).await;
 
     let failed: Vec<usize> = (0..20).filter(|&i| answers[i].status != 200).collect();
     assert_eq!(failed.len(), 1, "{answers:?}");
@@ -177,6 +235,14 @@ async fn a_poisoned_delivery_inside_a_batch_fails_alone_and_the_rest_commit() {
         all_rows(&app),
         (19, 19, 19, 19),
         "the other nineteen committed"
+    );
+    assert_eq!(
+        committed,
+        Committed {
+            transactions: 1,
+            deliveries: 19
+        },
+        "the twenty shared one batch, and its transaction committed the nineteen"
     );
 
     let retry = app.deliver_stripe_body(&bodies[failed[0]]).await;
@@ -197,33 +263,22 @@ async fn a_poisoned_delivery_does_not_fail_api_work_queued_in_its_batch() {
         s.api_tokens = sekali::config::parse_api_tokens(&format!("shop:{TOKEN}")).unwrap();
     })
     .await;
-    let locker = rusqlite::Connection::open(&app.db_path).unwrap();
-    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
     fail::cfg("store::after_effects", "1*off->1*return->off").unwrap();
 
     let bodies = batch_bodies(10);
     let deliveries = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
     let order =
         r#"{"order_id": "ord_api_batch", "amount": 2500, "currency": "usd", "provider": "stripe"}"#;
-    let api_call = async {
-        // After the deliveries, so the first job the writer takes (alone, while it waits for
-        // the lock) is a delivery and the API work queues behind it with the others.
-        actix_web::rt::time::sleep(std::time::Duration::from_millis(200)).await;
-        app.post(
-            "/orders",
-            order.as_bytes().to_vec(),
-            &[
-                ("Authorization", &format!("Bearer {TOKEN}")),
-                ("Idempotency-Key", "k-batch-1"),
-            ],
-        )
-        .await
-    };
-    let release = async {
-        actix_web::rt::time::sleep(std::time::Duration::from_millis(500)).await;
-        locker.execute_batch("ROLLBACK").unwrap();
-    };
-    let (answers, created, ()) = futures_util::future::join3(deliveries, api_call, release).await;
+    let authorization = format!("Bearer {TOKEN}");
+    let headers = [
+        ("Authorization", authorization.as_str()),
+        ("Idempotency-Key", "k-batch-1"),
+    ];
+    let api_call = app.post("/orders", order.as_bytes().to_vec(), &headers);
+    // Whichever the writer takes first, the batch holds the ten deliveries and the API
+    // request, and runs the deliveries first.
+    let sending = futures_util::future::join(deliveries, api_call);
+    let ((answers, created), committed) = in_one_batch(&app, 11, sending).await;
 
     let failed = answers.iter().filter(|a| a.status != 200).count();
     assert_eq!(failed, 1, "{answers:?}");
@@ -234,6 +289,14 @@ async fn a_poisoned_delivery_does_not_fail_api_work_queued_in_its_batch() {
     );
     assert_eq!(app.count("SELECT count(*) FROM idempotency_keys"), 1);
     assert_eq!(app.count("SELECT count(*) FROM processed_events"), 9);
+    assert_eq!(
+        committed,
+        Committed {
+            transactions: 1,
+            deliveries: 9
+        },
+        "the API request committed in the transaction of the nine deliveries"
+    );
     scenario.teardown();
 }
 
@@ -241,25 +304,103 @@ async fn a_poisoned_delivery_does_not_fail_api_work_queued_in_its_batch() {
 async fn a_delivery_that_always_fails_fails_alone_in_every_batch() {
     let scenario = FailScenario::setup();
     let app = spawn_app().await;
-    let locker = rusqlite::Connection::open(&app.db_path).unwrap();
-    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
     // Every delivery fails after its effects: each must be rolled back, none committed.
     fail::cfg("store::after_effects", "return").unwrap();
 
     let bodies = batch_bodies(12);
     let sending = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
-    let release = async {
-        actix_web::rt::time::sleep(std::time::Duration::from_millis(500)).await;
-        locker.execute_batch("ROLLBACK").unwrap();
-    };
-    let (answers, ()) = futures_util::future::join(sending, release).await;
+    let (answers, committed) = in_one_batch(&app, 12, sending).await;
     assert!(answers.iter().all(|a| a.status == 503), "{answers:?}");
     assert_eq!(all_rows(&app), (0, 0, 0, 0), "nothing committed");
+    // The first failed the batch's first pass; the eleven others were rerun with a savepoint
+    // each, in one transaction, each failed in its savepoint, and that transaction committed
+    // none of them. (Alone in a batch, a delivery that fails commits no transaction at all.)
+    assert_eq!(
+        committed,
+        Committed {
+            transactions: 1,
+            deliveries: 0
+        },
+        "the twelve shared one batch"
+    );
 
     fail::remove("store::after_effects");
     for body in &bodies {
         assert_eq!(app.deliver_stripe_body(body).await.outcome(), "processed");
     }
     assert_eq!(all_rows(&app), (12, 12, 12, 12));
+    scenario.teardown();
+}
+
+#[actix_web::test]
+async fn the_same_event_twice_in_one_batch_applies_its_effects_once() {
+    let scenario = FailScenario::setup();
+    let app = spawn_app().await;
+    let body = fixture("stripe/payment_intent.succeeded.json");
+    let now = app.clock.now_unix();
+    // Two deliveries of one event, signed a second apart as Stripe's retry would be.
+    let (first, second) = (stripe_header(&body, now), stripe_header(&body, now - 1));
+    let sending = futures_util::future::join(
+        app.post_stripe(&body, Some(&first)),
+        app.post_stripe(&body, Some(&second)),
+    );
+    let ((first, second), committed) = in_one_batch(&app, 2, sending).await;
+    let mut outcomes = [first.outcome(), second.outcome()];
+    outcomes.sort();
+    assert_eq!(outcomes, ["duplicate", "processed"]);
+    assert_eq!(
+        app.row_counts(),
+        (1, 1, 1),
+        "one row, one order, one email for the pair"
+    );
+    assert_eq!(
+        committed,
+        Committed {
+            transactions: 1,
+            deliveries: 2
+        },
+        "both deliveries were in one transaction"
+    );
+    scenario.teardown();
+}
+
+#[actix_web::test]
+async fn api_requests_batched_with_webhook_deliveries_are_all_answered_and_committed() {
+    const TOKEN: &str = "tok-shop-mixed";
+    let scenario = FailScenario::setup();
+    let app = spawn_app_with(|s| {
+        s.api_tokens = sekali::config::parse_api_tokens(&format!("shop:{TOKEN}")).unwrap();
+    })
+    .await;
+    let bodies = batch_bodies(10);
+    let deliveries = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
+    let app = &app;
+    let authorization = &format!("Bearer {TOKEN}");
+    let api_calls = join_all((0..5).map(|i| async move {
+        let body = format!(
+            r#"{{"order_id": "ord_api_mixed_{i}", "amount": 2500, "currency": "usd", "provider": "stripe"}}"#
+        );
+        let key = format!("mixed-{i}");
+        let headers = [("Authorization", authorization.as_str()), ("Idempotency-Key", &key)];
+        app.post("/orders", body.into_bytes(), &headers).await
+    }));
+    let sending = futures_util::future::join(deliveries, api_calls);
+    let ((delivered, created), committed) = in_one_batch(app, 15, sending).await;
+
+    assert!(delivered.iter().all(|a| a.status == 200), "{delivered:?}");
+    assert!(created.iter().all(|r| r.status == 201), "{created:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM orders WHERE source = 'api'"),
+        5
+    );
+    assert_eq!(app.count("SELECT count(*) FROM processed_events"), 10);
+    assert_eq!(
+        committed,
+        Committed {
+            transactions: 1,
+            deliveries: 10
+        },
+        "ten deliveries and five API requests in one transaction"
+    );
     scenario.teardown();
 }

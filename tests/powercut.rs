@@ -15,6 +15,10 @@
 #[path = "powercut/lossyfs.rs"]
 mod lossyfs;
 
+#[allow(dead_code)]
+#[path = "api/helpers.rs"]
+mod helpers;
+
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -321,6 +325,7 @@ mod serve {
     use rusqlite::Connection;
     use serde_json::json;
 
+    use super::helpers::{port_from_log, rust_log_with_listening_line};
     use super::lossyfs::{CutReport, LossyMount};
 
     pub const STRIPE_SECRET: &str = "whsec_powercut_c2VrYWxpLXBvd2VyY3V0";
@@ -348,9 +353,11 @@ mod serve {
             .build()
     }
 
-    /// `sekali serve` on files in the mount, restarted after each cut on the same files.
+    /// `sekali serve` on files in the mount, restarted after each cut on the same files and
+    /// the same port.
     pub struct Server {
         child: Option<Child>,
+        /// The port the server reported; 0 until it first started.
         pub port: u16,
         dir: PathBuf,
         args: Vec<String>,
@@ -359,15 +366,11 @@ mod serve {
     }
 
     impl Server {
+        /// Starts the server on a port of the system's choosing, which `port` then holds.
         pub fn start(dir: &Path, log: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
             let mut server = Server {
                 child: None,
-                port,
+                port: 0,
                 dir: dir.to_owned(),
                 args: args.iter().map(|a| a.to_string()).collect(),
                 env: env
@@ -386,10 +389,13 @@ mod serve {
                 .append(true)
                 .open(&self.log)
                 .unwrap();
+            let log_start = log.metadata().unwrap().len();
             let mut command = Command::new(binary());
             command
                 .args([
                     "serve",
+                    // First any free port (0), which the server reports; a restart asks for
+                    // that same port again, as the senders keep sending to it.
                     "--listen",
                     &format!("127.0.0.1:{}", self.port),
                     "--db",
@@ -411,13 +417,20 @@ mod serve {
                 .env("SEKALI_API_TOKENS", format!("shop:{API_TOKEN}"))
                 .env_remove("MIDTRANS_SERVER_KEY")
                 .env_remove("SEKALI_SMTP_URL")
-                .env("RUST_LOG", "warn")
+                .env("RUST_LOG", rust_log_with_listening_line("warn"))
                 .stdout(Stdio::null())
                 .stderr(log);
             for (name, value) in &self.env {
                 command.env(name, value);
             }
-            self.child = Some(command.spawn().unwrap());
+            let child = self.child.insert(command.spawn().unwrap());
+            let port = port_from_log(&self.log, log_start, child, Duration::from_secs(30));
+            assert!(
+                self.port == 0 || port == self.port,
+                "restarted on {port}, not on {}",
+                self.port
+            );
+            self.port = port;
             let agent = agent();
             let deadline = Instant::now() + Duration::from_secs(30);
             while Instant::now() < deadline {

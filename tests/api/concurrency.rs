@@ -53,39 +53,6 @@ async fn concurrent_deliveries_of_different_events_are_all_recorded() {
 }
 
 #[actix_web::test]
-async fn the_same_event_twice_in_one_batch_applies_its_effects_once() {
-    let app = spawn_app().await;
-    // Hold the write lock from outside so both deliveries queue and share one transaction.
-    let locker = rusqlite::Connection::open(&app.db_path).unwrap();
-    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let body = fixture("stripe/payment_intent.succeeded.json");
-    let now = app.clock.now_unix();
-    // Two deliveries of one event, signed a second apart as Stripe's retry would be.
-    let (first, second) = (stripe_header(&body, now), stripe_header(&body, now - 1));
-    // A first delivery that the writer takes alone, so the pair queues behind it together.
-    let warm_up = fixture("stripe/customer.created.json");
-    let warm_up_header = stripe_header(&warm_up, now);
-    let sending = join_all([
-        app.post_stripe(&warm_up, Some(&warm_up_header)),
-        app.post_stripe(&body, Some(&first)),
-        app.post_stripe(&body, Some(&second)),
-    ]);
-    let release = async {
-        actix_web::rt::time::sleep(std::time::Duration::from_millis(400)).await;
-        locker.execute_batch("ROLLBACK").unwrap();
-    };
-    let (answers, ()) = futures_util::future::join(sending, release).await;
-    let mut outcomes: Vec<&str> = answers[1..].iter().map(|a| a.outcome()).collect();
-    outcomes.sort();
-    assert_eq!(outcomes, ["duplicate", "processed"]);
-    assert_eq!(
-        app.row_counts(),
-        (2, 1, 1),
-        "one row, one order, one email for the pair"
-    );
-}
-
-#[actix_web::test]
 async fn two_servers_on_one_database_file_apply_each_event_once_between_them() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("shared.db");

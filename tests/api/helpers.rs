@@ -301,8 +301,9 @@ pub fn sekali_bin() -> &'static str {
 /// The database file of a [`ServeProcess`], inside its temporary directory.
 const SERVE_DB: &str = "s.db";
 
-/// `sekali serve` as a child process on a free port, with its own temporary database and mail
-/// directory, its logs collected while it runs (a full pipe would stall it).
+/// `sekali serve` as a child process on a port of the system's choosing (`--listen 127.0.0.1:0`,
+/// the port read from its listening line), with its own temporary database and mail directory,
+/// its logs collected while it runs (a full pipe would stall it).
 pub struct ServeProcess {
     child: std::process::Child,
     pub port: u16,
@@ -312,7 +313,8 @@ pub struct ServeProcess {
 }
 
 impl ServeProcess {
-    /// Starts the binary with `env` and `RUST_LOG=rust_log`, and waits until it listens.
+    /// Starts the binary with `env` and `RUST_LOG=rust_log` (a level), and waits until it
+    /// reports that it listens.
     pub fn start(env: &[(&str, &str)], rust_log: &str) -> Self {
         Self::start_with(env, rust_log, &[])
     }
@@ -344,13 +346,13 @@ impl ServeProcess {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db = db.map_or_else(|| dir.path().join(SERVE_DB), ToOwned::to_owned);
-        let port = free_port();
         let mut command = std::process::Command::new(sekali_bin());
         command
             .args([
                 "serve",
+                // Any free port: the server says which in its listening line.
                 "--listen",
-                &format!("127.0.0.1:{port}"),
+                "127.0.0.1:0",
                 "--relay-poll-interval",
                 "50ms",
             ])
@@ -365,7 +367,7 @@ impl ServeProcess {
             // As in spawn_app: the check has tests of its own, against a stand-in of the API
             // (a test can pass SEKALI_MIDTRANS_STATUS_CHECK=on in `env`).
             .env("SEKALI_MIDTRANS_STATUS_CHECK", "off")
-            .env("RUST_LOG", rust_log)
+            .env("RUST_LOG", rust_log_with_listening_line(rust_log))
             .stderr(std::process::Stdio::piped());
         for (name, value) in env {
             command.env(name, value);
@@ -374,27 +376,37 @@ impl ServeProcess {
             command.env_remove(name);
         }
         let mut child = command.spawn().unwrap();
-        let mut stderr = child.stderr.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (ports, port) = std::sync::mpsc::channel();
+        // Collects the logs while the server runs, and passes on the port of its listening line.
         let logs = std::thread::spawn(move || {
             let mut logs = String::new();
-            std::io::Read::read_to_string(&mut stderr, &mut logs).unwrap();
-            logs
+            let mut stderr = std::io::BufReader::new(stderr);
+            loop {
+                let start = logs.len();
+                if std::io::BufRead::read_line(&mut stderr, &mut logs).unwrap() == 0 {
+                    return logs;
+                }
+                if let Some(port) = listening_port(&logs[start..]) {
+                    let _ = ports.send(port);
+                }
+            }
         });
-        let mut listening = false;
-        for _ in 0..200 {
-            // A server that exited (its port taken meanwhile) must not pass for one whose port
-            // answers: the answer could be another test's.
-            if let Some(status) = child.try_wait().unwrap() {
+        let port = match port.recv_timeout(Duration::from_secs(20)) {
+            Ok(port) => port,
+            // The logs ended without the line: the server exited.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().unwrap();
                 let logs = logs.join().unwrap();
                 panic!("sekali serve exited ({status}) before listening: {logs}");
             }
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                listening = true;
-                break;
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let logs = logs.join().unwrap();
+                panic!("sekali serve did not report listening within 20 s: {logs}");
             }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(listening, "the server listens");
+        };
         ServeProcess {
             child,
             port,
@@ -439,6 +451,67 @@ impl Drop for ServeProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The port in `sekali serve`'s listening line, if `line` is that line. The server writes it
+/// once its socket listens (at INFO, target `sekali::startup`; see `Application::build`):
+/// `… INFO sekali::startup: sekali is listening; register … address=127.0.0.1:PORT db=… …`.
+/// With `--listen 127.0.0.1:0` it is the port the system gave it.
+pub fn listening_port(line: &str) -> Option<u16> {
+    if !line.contains("sekali is listening") {
+        return None;
+    }
+    let address = line
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("address="))?;
+    Some(address.parse::<std::net::SocketAddr>().ok()?.port())
+}
+
+/// The port of the listening line that `child`, a `sekali serve` whose stderr is appended to
+/// `log`, writes there past byte `from` (the file's length when it was started). Panics,
+/// naming the log, if the child exits or `within` passes first.
+#[allow(dead_code)] // by chaos.rs and powercut.rs, whose servers log to a file
+pub fn port_from_log(
+    log: &Path,
+    from: u64,
+    child: &mut std::process::Child,
+    within: Duration,
+) -> u16 {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        // Read before checking whether it exited, so that a line written just before an exit
+        // is not missed.
+        let written = std::fs::read(log).unwrap_or_default();
+        let new = String::from_utf8_lossy(written.get(from as usize..).unwrap_or_default());
+        // Whole lines only: a line still being written could show half its address.
+        let whole = &new[..new.rfind('\n').map_or(0, |end| end + 1)];
+        if let Some(port) = whole.lines().find_map(listening_port) {
+            return port;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "sekali serve exited ({status}) before listening; see {}",
+                log.display()
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sekali serve did not report listening within {within:?}; see {}",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `RUST_LOG` for a `sekali serve` child that logs at `rust_log` (a level) and must still write
+/// its listening line (see [`listening_port`]): below INFO, the line's target is let through at
+/// INFO. Levels that show INFO anyway are left as they are (a `sekali::startup=info` after
+/// `trace` would hide that module's debug lines).
+pub fn rust_log_with_listening_line(rust_log: &str) -> String {
+    match rust_log {
+        "info" | "debug" | "trace" => rust_log.to_owned(),
+        quieter => format!("{quieter},sekali::startup=info"),
     }
 }
 

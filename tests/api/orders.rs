@@ -521,55 +521,6 @@ async fn a_matching_payment_marks_an_api_order_paid_whatever_the_currency_case()
     assert_eq!(app.order_status("ORDER-2001").as_deref(), Some("paid"));
 }
 
-#[actix_web::test]
-async fn api_requests_batched_with_webhook_deliveries_are_all_answered_and_committed() {
-    let app = spawn_api().await;
-    // Hold the write lock so that deliveries and API requests pile up and the writer commits
-    // them together.
-    let locker = rusqlite::Connection::open(&app.db_path).unwrap();
-    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let bodies = distinct_succeeded_bodies("mixed", 10);
-    let deliveries = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
-    let api_bodies: Vec<String> = (0..5)
-        .map(|i| {
-            format!(
-                r#"{{"order_id": "ord_api_mixed_{i}", "amount": 2500, "currency": "usd", "provider": "stripe"}}"#
-            )
-        })
-        .collect();
-    let keys: Vec<String> = (0..5).map(|i| format!("mixed-{i}")).collect();
-    let api_calls = async {
-        actix_web::rt::time::sleep(std::time::Duration::from_millis(150)).await;
-        join_all(
-            api_bodies
-                .iter()
-                .zip(&keys)
-                .map(|(body, key)| create(&app, SHOP, key, body)),
-        )
-        .await
-    };
-    let release = async {
-        actix_web::rt::time::sleep(std::time::Duration::from_millis(500)).await;
-        locker.execute_batch("ROLLBACK").unwrap();
-    };
-    let (delivered, created, ()) =
-        futures_util::future::join3(deliveries, api_calls, release).await;
-    assert!(delivered.iter().all(|a| a.status == 200), "{delivered:?}");
-    assert!(
-        created.iter().all(|r| r.status == 201),
-        "{:?}",
-        created
-            .iter()
-            .map(|r| (r.status, &r.body))
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(
-        app.count("SELECT count(*) FROM orders WHERE source = 'api'"),
-        5
-    );
-    assert_eq!(app.count("SELECT count(*) FROM processed_events"), 10);
-}
-
 /// Fails on the version that took `a@x.example,b@y.example` (and a CR/LF after the address) as
 /// one customer_email, which every transport then received as it was.
 #[actix_web::test]

@@ -266,7 +266,7 @@ async fn the_receipt_of_a_xendit_payment_shows_the_rupiah_amount() {
             "SELECT id, order_id, recipient, template, params, idempotency_key FROM email_outbox",
             [],
             |r| {
-                Ok(sekali::store::outbox::ClaimedEmail {
+                Ok(sekali::store::ClaimedEmail {
                     id: r.get(0)?,
                     order_id: r.get(1)?,
                     recipient: r.get(2)?,

@@ -340,7 +340,10 @@ impl Writer {
     async fn submit_waiting(&self, mut job: Job) -> Result<(), WriteError> {
         loop {
             match self.queue.try_send(job) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    fail::fail_point!("writer::queued");
+                    return Ok(());
+                }
                 Err(TrySendError::Full(returned)) => {
                     job = returned;
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -361,7 +364,11 @@ impl Writer {
         self.queue.try_send(job).map_err(|e| match e {
             TrySendError::Full(_) => WriteError::QueueFull,
             TrySendError::Disconnected(_) => WriteError::WriterGone,
-        })
+        })?;
+        // Tests (`failpoints`): a callback here counts the jobs handed to the writer, so a test
+        // knows when all of its deliveries wait in the queue (see `writer::before_batch`).
+        fail::fail_point!("writer::queued");
+        Ok(())
     }
 
     /// Lets the writer finish everything already queued, then stops it and waits. Blocking.
@@ -415,6 +422,10 @@ fn run(
             Err(RecvTimeoutError::Timeout) => {} // a waiting claim's time is up
             Err(RecvTimeoutError::Disconnected) => break, // every handle dropped
         }
+        // Tests (`failpoints`): `pause` here holds the writer with the first job of its next
+        // batch taken and the rest left queued; once released, it takes all of them (up to
+        // `batch_max`) into one batch. So a test knows which deliveries share a transaction.
+        fail::fail_point!("writer::before_batch");
         // Take what is already queued, without waiting for more.
         while batch.len() < batch_max {
             match jobs.try_recv() {
