@@ -697,11 +697,12 @@ mod serve {
         queued: HashSet<String>,
         /// `idempotency_keys`: key to the stored response body.
         responses: HashMap<String, String>,
-        /// The keys of the outbox rows still pending under a lease: the rows a killed relay
-        /// held, so may have handed to the transport without its result being committed. The
-        /// relay sends a row again only once its lease runs out, so these, once each, are the
-        /// only sends again this cut can cause.
-        pub in_flight: Vec<String>,
+        /// The outbox rows still pending under a lease, by key, with their lease (owner and
+        /// end): the rows a killed relay held, so may have handed to the transport without its
+        /// result being committed. The relay sends a row again only once its lease runs out, so
+        /// these, once each, are the only sends again this cut can cause. (A lease still there
+        /// at the next cut is the same lease, not a second chance.)
+        pub in_flight: Vec<(String, String)>,
     }
 
     impl AfterCut {
@@ -735,11 +736,10 @@ mod serve {
                 responses: pairs("SELECT key, response_body FROM idempotency_keys")
                     .into_iter()
                     .collect(),
-                in_flight: firsts(
-                    "SELECT idempotency_key, '' FROM email_outbox
-                     WHERE status = 'pending' AND lease_owner IS NOT NULL",
-                )
-                .collect(),
+                in_flight: pairs(
+                    "SELECT idempotency_key, lease_owner || ' until ' || lease_until
+                     FROM email_outbox WHERE status = 'pending' AND lease_owner IS NOT NULL",
+                ),
             }
         }
 
@@ -799,8 +799,11 @@ mod serve {
     #[derive(Default)]
     pub struct Cuts {
         pub reports: Vec<CutReport>,
-        /// Per cut, [`AfterCut::in_flight`].
-        pub in_flight: Vec<Vec<String>>,
+        /// Per cut, how many rows were in flight at it ([`AfterCut::in_flight`]).
+        pub in_flight: Vec<usize>,
+        /// Per outbox key, the distinct leases on its row that a cut cut short: at most one
+        /// send again each.
+        pub cut_short: HashMap<String, HashSet<String>>,
         /// Per cut, the acknowledgements (deliveries and orders) from before it, each found
         /// whole after it.
         pub checked: Vec<usize>,
@@ -808,12 +811,13 @@ mod serve {
         pub resent_acknowledged: usize,
     }
 
-    /// Sends every request (shuffled, a third again as racing redeliveries) from `senders`
-    /// threads while `cuts` power cuts hit the server, evenly spread. After each cut, before
-    /// the restart, every acknowledgement from before it must be in what the cut left (see
-    /// [`AfterCut::missing`]). Then, as the docs say, everything not acknowledged is sent again
-    /// until it is, and a sample of what was acknowledged once more, which must be answered as
-    /// before; no answer of the whole run may contradict an acknowledgement (see [`send`]).
+    /// Sends every request (shuffled, a third again as racing redeliveries) from 8 sender
+    /// threads, each retrying what is not acknowledged for a second, while `cuts` power cuts
+    /// hit the server, evenly spread. After each cut, before the restart, every acknowledgement
+    /// from before it must be in what the cut left (see [`AfterCut::missing`]). Then, as the
+    /// README says, everything not acknowledged is sent again until it is, and a quarter of what
+    /// was acknowledged once more, which must be answered as before; no answer of the whole run
+    /// may contradict an acknowledgement (see [`send`]).
     pub fn load_with_cuts(
         mount: &LossyMount,
         server: &Arc<Mutex<Server>>,
@@ -836,9 +840,16 @@ mod serve {
                     (requests.clone(), order.clone(), next.clone(), acked.clone());
                 std::thread::spawn(move || {
                     let agent = agent();
+                    // As a provider does: a delivery not acknowledged is sent again after a
+                    // pause, for a while, before the sender moves on. (Moving on at once burnt
+                    // through most of the load while the server restarted, so that few
+                    // acknowledgements came before the later cuts.)
                     while let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) {
-                        if !send(&agent, port, &requests[i], &acked) {
-                            std::thread::sleep(Duration::from_millis(5));
+                        for _ in 0..100 {
+                            if send(&agent, port, &requests[i], &acked) {
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_millis(10));
                         }
                     }
                 })
@@ -868,7 +879,10 @@ mod serve {
                 &missing[..missing.len().min(10)]
             );
             done.reports.push(report);
-            done.in_flight.push(after.in_flight);
+            done.in_flight.push(after.in_flight.len());
+            for (key, lease) in after.in_flight {
+                done.cut_short.entry(key).or_default().insert(lease);
+            }
             done.checked.push(events.len() + orders.len());
         }
         for sender in senders {
@@ -958,7 +972,9 @@ mod serve {
 /// `sekali serve` on the lossy mount (database and mail directory), under webhooks with racing
 /// redeliveries and out-of-order lifecycles, orders of the API under Idempotency-Keys, the relay
 /// writing `.eml` files, and the purge deleting ids that expire during the run; five power cuts,
-/// each after a SIGKILL, and a restart on the same files after each.
+/// each after a SIGKILL, and a restart on the same files after each. Fails too on a writer that
+/// answers before its commit is durable (`synchronous=NORMAL`): after a cut, before the
+/// restart, acknowledged deliveries and orders are missing (see `serve::load_with_cuts`).
 #[test]
 fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is_whole() {
     use serve::*;
@@ -1056,7 +1072,8 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
     // Every email is sent, and every sent email is whole on the disk with its Message-ID.
     let emails = emails(&db);
     // One per status change that has a notice (how many depends on the order events arrived
-    // in: a full refund before the partial one makes the partial stale).
+    // in: a full refund before the partial one makes the partial stale, and one that finds
+    // the order still pending takes it to refunded without a receipt).
     let notices: i64 = conn
         .query_row(
             "SELECT count(*) FROM order_transitions
@@ -1066,10 +1083,7 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
         )
         .unwrap();
     assert_eq!(emails.len() as i64, notices);
-    assert!(
-        emails.len() >= 170 * 2,
-        "a receipt and a refund notice at least per order"
-    );
+    assert!(emails.len() >= 170, "a refund notice at least per order");
     for (key, status) in &emails {
         assert_eq!(status, "sent", "{key}");
         let path = mount.path().join("mail").join(format!("{key}.eml"));
@@ -1089,10 +1103,10 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
     // write of an `.eml` file ends in one rename of its temporary file into place (nothing else
     // on the mount renames), and the filesystem counts the renames. So the writes beyond one
     // per email are counted exactly, though not attributed to emails; they cannot outnumber
-    // the rows in flight at the cuts (an upper bound: rows claimed but not yet written when
+    // the leases the cuts cut short (an upper bound: rows claimed but not yet written when
     // their relay was killed are among those).
     let renames = mount.counters().ops.get("rename").copied().unwrap_or(0) as usize;
-    let in_flight: usize = cuts.in_flight.iter().map(Vec::len).sum();
+    let cut_short: usize = cuts.cut_short.values().map(|l| l.len()).sum();
     assert!(
         renames >= emails.len(),
         "{renames} files renamed into place for {} emails",
@@ -1100,21 +1114,22 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
     );
     let written_again = renames - emails.len();
     assert!(
-        written_again <= in_flight,
-        "{written_again} emails were written again, but only {in_flight} rows were in flight at the cuts"
+        written_again <= cut_short,
+        "{written_again} emails were written again, but the cuts cut only {cut_short} leases short"
     );
 
     let dropped: u64 = cuts.reports.iter().map(|r| r.bytes_dropped).sum();
     eprintln!(
         "power cuts: {} cuts dropped {dropped} unsynced bytes in all; acknowledgements checked after each cut: {:?}, 0 lost; \
          {} deliveries and {} orders acknowledged, 0 lost, {} acknowledged sent again and answered as before; \
-         {} emails sent, each whole; {written_again} written again, {in_flight} in flight at the cuts",
+         {} emails sent, each whole; {written_again} written again, of rows in flight at the cuts {:?} ({cut_short} leases cut short)",
         cuts.reports.len(),
         cuts.checked,
         acked_events.len(),
         orders.len(),
         cuts.resent_acknowledged,
-        emails.len()
+        emails.len(),
+        cuts.in_flight
     );
 }
 
@@ -1186,7 +1201,21 @@ fn power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted()
         *accepted.entry(id).or_default() += 1;
     }
     let emails = emails(&db);
-    assert!(emails.len() >= 80 * 2, "{}", emails.len());
+    let notices: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM order_transitions
+             WHERE to_status IN ('paid', 'partially_refunded', 'refunded')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        emails.len() as i64,
+        notices,
+        "one email per status change with a notice"
+    );
+    assert!(emails.len() >= 80, "a refund notice at least per order");
     for (key, status) in &emails {
         assert_eq!(status, "sent", "{key}");
         assert!(
@@ -1196,29 +1225,27 @@ fn power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted()
     }
     // Sent again only where a cut left the row in flight: pending under the killed relay's
     // lease in what the cut left (its result not committed), found before the restart. Once
-    // more for each such cut at most.
-    let mut in_flight_at: std::collections::HashMap<&str, usize> = Default::default();
-    for key in cuts.in_flight.iter().flatten() {
-        *in_flight_at.entry(key).or_default() += 1;
-    }
+    // more for each such lease at most.
+    let cut_short = |key: &str| cuts.cut_short.get(key).map_or(0, |leases| leases.len());
     let beyond: Vec<_> = accepted
         .iter()
-        .filter(|(key, n)| **n > 1 + in_flight_at.get(key.as_str()).copied().unwrap_or(0))
-        .map(|(key, n)| (key, n, in_flight_at.get(key.as_str()).copied().unwrap_or(0)))
+        .filter(|(key, n)| **n > 1 + cut_short(key))
+        .map(|(key, n)| (key, n, cut_short(key)))
         .collect();
     assert!(
         beyond.is_empty(),
-        "accepted more often than once plus once per cut at which the row was in flight (key, accepted, cuts in flight): {beyond:?}"
+        "accepted more often than once plus once per lease on its row a cut cut short (key, accepted, leases cut short): {beyond:?}"
     );
     let resent: usize = accepted.values().map(|n| n - 1).sum();
-    let in_flight: usize = cuts.in_flight.iter().map(Vec::len).sum();
+    let leases: usize = cuts.cut_short.values().map(|l| l.len()).sum();
     let acknowledged = acked.events.lock().unwrap().len();
     eprintln!(
         "SMTP under {} power cuts: acknowledgements checked after each cut: {:?}, 0 lost; {acknowledged} deliveries acknowledged, {} sent again and answered duplicate; \
-         {} emails sent, each accepted by the server; {resent} accepted twice, each in flight at a cut ({in_flight} rows in flight at the cuts)",
+         {} emails sent, each accepted by the server; {resent} accepted again, each in flight at a cut (rows in flight at the cuts {:?}, {leases} leases cut short)",
         cuts.reports.len(),
         cuts.checked,
         cuts.resent_acknowledged,
-        emails.len()
+        emails.len(),
+        cuts.in_flight
     );
 }
