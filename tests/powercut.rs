@@ -315,7 +315,7 @@ fn a_test_that_panics_leaves_no_mount_behind() {
 // The real binary: `sekali serve` on the lossy mount, under load, with power cuts.
 
 mod serve {
-    use std::collections::{BTreeMap, HashSet};
+    use std::collections::{BTreeMap, HashMap, HashSet};
     use std::path::{Path, PathBuf};
     use std::process::{Child, Command, Stdio};
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -450,9 +450,14 @@ mod serve {
             );
         }
 
-        /// SIGKILL, then the power cut, then `integrity_check` on what is left, then a restart
+        /// SIGKILL, then the power cut, then `integrity_check` on what is left, then
+        /// `after_the_cut` on the database (what the restarted server will find), then a restart
         /// on the same files.
-        pub fn cut_and_restart(&mut self, mount: &LossyMount) -> CutReport {
+        pub fn cut_and_restart(
+            &mut self,
+            mount: &LossyMount,
+            after_the_cut: impl FnOnce(&Path),
+        ) -> CutReport {
             let mut child = self.child.take().unwrap();
             child.kill().unwrap();
             child.wait().unwrap();
@@ -464,6 +469,7 @@ mod serve {
                 .query_row("PRAGMA integrity_check", [], |r| r.get(0))
                 .unwrap();
             assert_eq!(check, "ok", "after a cut");
+            after_the_cut(&self.dir.join("sekali.db"));
             self.spawn();
             report
         }
@@ -556,15 +562,48 @@ mod serve {
         requests
     }
 
-    /// What the server acknowledged: events (any 2xx) and orders (their 201 bodies, by key).
+    /// What the server acknowledged, and every answer that contradicts an earlier
+    /// acknowledgement (see [`send`]).
     #[derive(Default)]
     pub struct Acknowledged {
-        pub events: Mutex<HashSet<String>>,
+        /// Each event answered 200, with its answer's `status`: the first other than
+        /// `duplicate` (the answer to the delivery that applied it), else `duplicate`.
+        pub events: Mutex<BTreeMap<String, String>>,
+        /// Each order key answered 201: the request's body and the first 201's body.
         pub orders: Mutex<BTreeMap<String, (String, String)>>,
+        /// The keys answered 201 without `Idempotent-Replayed` (the answer that created the
+        /// order).
+        created: Mutex<HashSet<String>>,
+        /// Answers that contradict an earlier acknowledgement.
+        pub contradictions: Mutex<Vec<String>>,
     }
 
-    /// Sends `request` once; true when it was acknowledged.
+    impl Acknowledged {
+        /// True once `request` was acknowledged.
+        pub fn has(&self, request: &Request) -> bool {
+            match request {
+                Request::Event { id, .. } => self.events.lock().unwrap().contains_key(id),
+                Request::Order { key, .. } => self.orders.lock().unwrap().contains_key(key),
+            }
+        }
+
+        fn contradiction(&self, what: String) {
+            self.contradictions.lock().unwrap().push(what);
+        }
+    }
+
+    /// Sends `request` once; true when it was acknowledged (an event: 200 with its outcome; an
+    /// order: 201).
+    ///
+    /// Each answer is checked against what was acknowledged before, and a contradiction is
+    /// recorded in `acked.contradictions`: an event acknowledged before this request was sent
+    /// must be answered `duplicate`, and no event may be answered otherwise twice (it was
+    /// applied twice, or lost after its answer and applied again); an order key acknowledged
+    /// before must be answered with the byte-identical 201 marked `Idempotent-Replayed`, and
+    /// only one 201 per key may come unmarked. A delivery lost at a cut after its answer is
+    /// caught here when it is sent again, whichever sender sends it.
     pub fn send(agent: &ureq::Agent, port: u16, request: &Request, acked: &Acknowledged) -> bool {
+        let known = acked.has(request);
         match request {
             Request::Event { id, body } => {
                 let header =
@@ -574,11 +613,33 @@ mod serve {
                     .set("Stripe-Signature", &header)
                     .set("Content-Type", "application/json")
                     .send_bytes(body);
-                let ok = matches!(sent, Ok(ref r) if r.status() == 200);
-                if ok {
-                    acked.events.lock().unwrap().insert(id.clone());
+                // The answer's `status`, from a body read whole (a kill can cut it short).
+                let outcome = match sent {
+                    Ok(r) if r.status() == 200 => r
+                        .into_string()
+                        .ok()
+                        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+                        .and_then(|answer| answer["status"].as_str().map(str::to_owned)),
+                    _ => None,
+                };
+                let Some(outcome) = outcome else {
+                    return false;
+                };
+                let mut events = acked.events.lock().unwrap();
+                match events.get_mut(id) {
+                    None => {
+                        events.insert(id.clone(), outcome);
+                    }
+                    Some(_) if outcome == "duplicate" => {}
+                    Some(first) if known => acked.contradiction(format!(
+                        "{id} answered {outcome} when sent after it was acknowledged ({first})"
+                    )),
+                    Some(first) if first == "duplicate" => *first = outcome,
+                    Some(first) => acked.contradiction(format!(
+                        "{id} answered {outcome} and {first}: applied twice"
+                    )),
                 }
-                ok
+                true
             }
             Request::Order { key, body } => {
                 let sent = agent
@@ -587,26 +648,189 @@ mod serve {
                     .set("Idempotency-Key", key)
                     .set("Content-Type", "application/json")
                     .send_string(body);
-                match sent {
+                let answer = match sent {
                     Ok(r) if r.status() == 201 => {
-                        let answer = r.into_string().unwrap();
-                        acked
-                            .orders
-                            .lock()
-                            .unwrap()
-                            .entry(key.clone())
-                            .or_insert((body.clone(), answer));
-                        true
+                        let replayed = r.header("Idempotent-Replayed") == Some("true");
+                        r.into_string().ok().map(|text| (text, replayed))
                     }
-                    _ => false,
+                    _ => None,
+                };
+                let Some((answer, replayed)) = answer else {
+                    return false;
+                };
+                let mut orders = acked.orders.lock().unwrap();
+                let (_, first) = orders
+                    .entry(key.clone())
+                    .or_insert_with(|| (body.clone(), answer.clone()));
+                if *first != answer {
+                    acked.contradiction(format!("{key}: a 201 of {answer} after a 201 of {first}"));
                 }
+                if !replayed && (known || !acked.created.lock().unwrap().insert(key.clone())) {
+                    acked.contradiction(format!(
+                        "{key}: a 201 not marked Idempotent-Replayed after its first 201 (created again)"
+                    ));
+                }
+                true
             }
         }
     }
 
-    /// Sends every request (shuffled, a third again as racing redeliveries) from `senders`
-    /// threads while `cuts` power cuts hit the server, evenly spread; then everything not
-    /// acknowledged until it is, and everything once more. Returns the cut reports.
+    /// Where an order of the workload stands on its one chain; `None` off it.
+    fn rank(status: &str) -> Option<usize> {
+        ["pending", "paid", "partially_refunded", "refunded"]
+            .iter()
+            .position(|s| *s == status)
+    }
+
+    /// For an event of the workload (`evt_<tag>_<n>_<a|b|c|d>`, see [`workload`]): its order,
+    /// and the least status and refunded amount the order has once the event is applied (an
+    /// event that finds its order further along is `stale` and leaves it there).
+    fn applied_floor(event_id: &str) -> (String, &'static str, i64) {
+        let (stem, kind) = event_id.rsplit_once('_').unwrap();
+        let floor = match kind {
+            "a" => ("pending", 0),
+            "b" => ("paid", 0),
+            "c" => ("partially_refunded", 1000),
+            "d" => ("refunded", 2500),
+            _ => panic!("{event_id} is not an event of the workload"),
+        };
+        (stem.replacen("evt_", "ord_", 1), floor.0, floor.1)
+    }
+
+    /// The database as a cut left it, read before the restart: what the restarted server
+    /// finds.
+    pub struct AfterCut {
+        /// `processed_events`: event id to outcome.
+        events: HashMap<String, String>,
+        /// `orders`: order id to status and refunded amount.
+        orders: HashMap<String, (String, i64)>,
+        /// The events that changed an order (`order_transitions.event_id`).
+        changed: HashSet<String>,
+        /// The events that queued an email (`email_outbox.event_id`).
+        queued: HashSet<String>,
+        /// `idempotency_keys`: key to the stored response body.
+        responses: HashMap<String, String>,
+        /// The outbox rows still pending under a lease, by key, with their lease (owner and
+        /// end): the rows a killed relay held, so may have handed to the transport without its
+        /// result being committed. The relay sends a row again only once its lease runs out, so
+        /// these, once each, are the only sends again this cut can cause. (A lease still there
+        /// at the next cut is the same lease, not a second chance.)
+        pub in_flight: Vec<(String, String)>,
+    }
+
+    impl AfterCut {
+        pub fn read(db: &Path) -> AfterCut {
+            let conn = Connection::open(db).unwrap();
+            let pairs = |sql: &str| -> Vec<(String, String)> {
+                let mut stmt = conn.prepare(sql).unwrap();
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect();
+                rows
+            };
+            let firsts = |sql: &str| pairs(sql).into_iter().map(|(first, _)| first);
+            let mut stmt = conn
+                .prepare("SELECT order_id, status, refunded_amount FROM orders")
+                .unwrap();
+            let orders = stmt
+                .query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            AfterCut {
+                events: pairs("SELECT event_id, outcome FROM processed_events")
+                    .into_iter()
+                    .collect(),
+                orders,
+                changed: firsts("SELECT event_id, '' FROM order_transitions").collect(),
+                queued: firsts("SELECT event_id, '' FROM email_outbox").collect(),
+                responses: pairs("SELECT key, response_body FROM idempotency_keys")
+                    .into_iter()
+                    .collect(),
+                in_flight: pairs(
+                    "SELECT idempotency_key, lease_owner || ' until ' || lease_until
+                     FROM email_outbox WHERE status = 'pending' AND lease_owner IS NOT NULL",
+                ),
+            }
+        }
+
+        /// What the acknowledged `events` (id to answer, see [`Acknowledged`]) and `orders`
+        /// should have left here and did not: an event's `processed_events` row; for one
+        /// answered `processed` or `stale`, its order at least as far as the event takes it;
+        /// for one answered `processed`, its transition and (from paid on) its outbox row; an
+        /// order's row and its stored response, byte for byte the 201 given.
+        pub fn missing(
+            &self,
+            events: &BTreeMap<String, String>,
+            orders: &BTreeMap<String, (String, String)>,
+        ) -> Vec<String> {
+            let mut missing = Vec::new();
+            for (id, answer) in events {
+                if !self.events.contains_key(id) {
+                    missing.push(format!("{id} ({answer}): no processed_events row"));
+                    continue;
+                }
+                if answer == "processed" || answer == "stale" {
+                    let (order, status, refunded) = applied_floor(id);
+                    let now = self.orders.get(&order);
+                    if !now.is_some_and(|(s, r)| rank(s) >= rank(status) && *r >= refunded) {
+                        missing.push(format!(
+                            "{id} ({answer}): {order} is {now:?}, short of {status} with {refunded} refunded"
+                        ));
+                    }
+                }
+                if answer == "processed" {
+                    if !self.changed.contains(id) {
+                        missing.push(format!("{id} ({answer}): no order_transitions row"));
+                    }
+                    if !id.ends_with("_a") && !self.queued.contains(id) {
+                        missing.push(format!("{id} ({answer}): no email_outbox row"));
+                    }
+                }
+            }
+            for (key, (body, answer)) in orders {
+                match self.responses.get(key) {
+                    None => missing.push(format!("{key}: no idempotency_keys row")),
+                    Some(stored) if stored != answer => missing.push(format!(
+                        "{key}: stored response {stored} is not the 201 given, {answer}"
+                    )),
+                    Some(_) => {}
+                }
+                let order: serde_json::Value = serde_json::from_str(body).unwrap();
+                let order_id = order["order_id"].as_str().unwrap();
+                if !self.orders.contains_key(order_id) {
+                    missing.push(format!("{key}: no row for its order {order_id}"));
+                }
+            }
+            missing
+        }
+    }
+
+    /// What the cuts of [`load_with_cuts`] did.
+    #[derive(Default)]
+    pub struct Cuts {
+        pub reports: Vec<CutReport>,
+        /// Per cut, how many rows were in flight at it ([`AfterCut::in_flight`]).
+        pub in_flight: Vec<usize>,
+        /// Per outbox key, the distinct leases on its row that a cut cut short: at most one
+        /// send again each.
+        pub cut_short: HashMap<String, HashSet<String>>,
+        /// Per cut, the acknowledgements (deliveries and orders) from before it, each found
+        /// whole after it.
+        pub checked: Vec<usize>,
+        /// Acknowledged requests sent once more at the end (each answered as before).
+        pub resent_acknowledged: usize,
+    }
+
+    /// Sends every request (shuffled, a third again as racing redeliveries) from 8 sender
+    /// threads, each retrying what is not acknowledged for a second, while `cuts` power cuts
+    /// hit the server, evenly spread. After each cut, before the restart, every acknowledgement
+    /// from before it must be in what the cut left (see [`AfterCut::missing`]). Then, as the
+    /// README says, everything not acknowledged is sent again until it is, and a quarter of what
+    /// was acknowledged once more, which must be answered as before; no answer of the whole run
+    /// may contradict an acknowledgement (see [`send`]).
     pub fn load_with_cuts(
         mount: &LossyMount,
         server: &Arc<Mutex<Server>>,
@@ -614,7 +838,7 @@ mod serve {
         cuts: usize,
         acked: &Arc<Acknowledged>,
         seed: u64,
-    ) -> Vec<CutReport> {
+    ) -> Cuts {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.extend((0..requests.len() / 3).map(|_| rng.usize(..requests.len())));
@@ -629,29 +853,60 @@ mod serve {
                     (requests.clone(), order.clone(), next.clone(), acked.clone());
                 std::thread::spawn(move || {
                     let agent = agent();
+                    // As a provider does: a delivery not acknowledged is sent again after a
+                    // pause, for a while, before the sender moves on. (Moving on at once burnt
+                    // through most of the load while the server restarted, so that few
+                    // acknowledgements came before the later cuts.)
                     while let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) {
-                        if !send(&agent, port, &requests[i], &acked) {
-                            std::thread::sleep(Duration::from_millis(5));
+                        for _ in 0..100 {
+                            if send(&agent, port, &requests[i], &acked) {
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_millis(10));
                         }
                     }
                 })
             })
             .collect();
-        let mut reports = Vec::new();
+        let mut done = Cuts::default();
         for k in 1..=cuts {
             let threshold = k * order.len() / (cuts + 1);
             while next.load(Ordering::SeqCst) < threshold {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            reports.push(server.lock().unwrap().cut_and_restart(mount));
+            // Read after the kill and the cut, before the restart: every answer read so far
+            // came from a server that is now killed and cut.
+            let mut seen = None;
+            let report = server.lock().unwrap().cut_and_restart(mount, |db| {
+                let events = acked.events.lock().unwrap().clone();
+                let orders = acked.orders.lock().unwrap().clone();
+                seen = Some((events, orders, AfterCut::read(db)));
+            });
+            let (events, orders, after) = seen.unwrap();
+            let missing = after.missing(&events, &orders);
+            assert!(
+                missing.is_empty(),
+                "cut {k}: {} of {} acknowledgements from before it are not (whole) in what it left: {:?}",
+                missing.len(),
+                events.len() + orders.len(),
+                &missing[..missing.len().min(10)]
+            );
+            done.reports.push(report);
+            done.in_flight.push(after.in_flight.len());
+            for (key, lease) in after.in_flight {
+                done.cut_short.entry(key).or_default().insert(lease);
+            }
+            done.checked.push(events.len() + orders.len());
         }
         for sender in senders {
             sender.join().unwrap();
         }
-        // Then as the providers do: everything not acknowledged again until it is, and
-        // everything once more, which must change nothing.
+        // Then as the providers do: what was not acknowledged, again until it is; and a
+        // quarter of what was (seeded), which must be answered as a duplicate or with the same
+        // 201.
         let agent = agent();
-        for request in requests.iter() {
+        let acknowledged: Vec<bool> = requests.iter().map(|r| acked.has(r)).collect();
+        for (request, _) in requests.iter().zip(&acknowledged).filter(|(_, a)| !**a) {
             let mut tries = 0;
             while !send(&agent, port, request, acked) {
                 tries += 1;
@@ -659,7 +914,23 @@ mod serve {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        reports
+        for (request, _) in requests.iter().zip(&acknowledged).filter(|(_, a)| **a) {
+            if rng.usize(..4) == 0 {
+                assert!(
+                    send(&agent, port, request, acked),
+                    "an acknowledged request was refused when sent again"
+                );
+                done.resent_acknowledged += 1;
+            }
+        }
+        let contradictions = acked.contradictions.lock().unwrap();
+        assert!(
+            contradictions.is_empty(),
+            "{} answers contradict an earlier acknowledgement: {:?}",
+            contradictions.len(),
+            &contradictions[..contradictions.len().min(10)]
+        );
+        done
     }
 
     /// Waits until no email is pending (rows a killed relay held wait out their lease).
@@ -714,7 +985,9 @@ mod serve {
 /// `sekali serve` on the lossy mount (database and mail directory), under webhooks with racing
 /// redeliveries and out-of-order lifecycles, orders of the API under Idempotency-Keys, the relay
 /// writing `.eml` files, and the purge deleting ids that expire during the run; five power cuts,
-/// each after a SIGKILL, and a restart on the same files after each.
+/// each after a SIGKILL, and a restart on the same files after each. Fails too on a writer that
+/// answers before its commit is durable (`synchronous=NORMAL`): after a cut, before the
+/// restart, acknowledged deliveries and orders are missing (see `serve::load_with_cuts`).
 #[test]
 fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is_whole() {
     use serve::*;
@@ -744,11 +1017,14 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
     )));
     let requests = workload("main", 150);
     let acked = Arc::new(Acknowledged::default());
-    let reports = load_with_cuts(&mount, &server, &requests, 5, &acked, 0x9c07);
+    // Checks after each cut that nothing acknowledged before it is lost, and that no answer
+    // contradicts an acknowledgement.
+    let cuts = load_with_cuts(&mount, &server, &requests, 5, &acked, 0x9c07);
     wait_for_the_relay(&db);
     let port = server.lock().unwrap().port;
 
-    // No acknowledged delivery is lost: its id is recorded, and it is a duplicate now.
+    // Nor at the end: only what was not acknowledged was sent again (with a sample of the
+    // rest), so an acknowledged delivery lost to a cut would be missing here.
     let conn = rusqlite::Connection::open(&db).unwrap();
     let stored: std::collections::HashSet<String> = conn
         .prepare("SELECT event_id FROM processed_events")
@@ -759,7 +1035,7 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
         .collect();
     let acked_events = acked.events.lock().unwrap().clone();
     let lost: Vec<&String> = acked_events
-        .iter()
+        .keys()
         .filter(|id| !stored.contains(*id))
         .collect();
     assert!(
@@ -809,7 +1085,8 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
     // Every email is sent, and every sent email is whole on the disk with its Message-ID.
     let emails = emails(&db);
     // One per status change that has a notice (how many depends on the order events arrived
-    // in: a full refund before the partial one makes the partial stale).
+    // in: a full refund before the partial one makes the partial stale, and one that finds
+    // the order still pending takes it to refunded without a receipt).
     let notices: i64 = conn
         .query_row(
             "SELECT count(*) FROM order_transitions
@@ -819,10 +1096,7 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
         )
         .unwrap();
     assert_eq!(emails.len() as i64, notices);
-    assert!(
-        emails.len() >= 170 * 2,
-        "a receipt and a refund notice at least per order"
-    );
+    assert!(emails.len() >= 170, "a refund notice at least per order");
     for (key, status) in &emails {
         assert_eq!(status, "sent", "{key}");
         let path = mount.path().join("mail").join(format!("{key}.eml"));
@@ -836,20 +1110,48 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
     }
     server.lock().unwrap().stop();
 
-    let dropped: u64 = reports.iter().map(|r| r.bytes_dropped).sum();
+    // Written again only where a cut left its row in flight. A second write of an email
+    // replaces its file (same name, same bytes), so which email was written twice cannot be
+    // seen on the disk, and no per-email bound (as over SMTP) can be checked. What can: each
+    // write of an `.eml` file ends in one rename of its temporary file into place (nothing else
+    // on the mount renames), and the filesystem counts the renames. So the writes beyond one
+    // per email are counted exactly, though not attributed to emails; they cannot outnumber
+    // the leases the cuts cut short (an upper bound: rows claimed but not yet written when
+    // their relay was killed are among those).
+    let renames = mount.counters().ops.get("rename").copied().unwrap_or(0) as usize;
+    let cut_short: usize = cuts.cut_short.values().map(|l| l.len()).sum();
+    assert!(
+        renames >= emails.len(),
+        "{renames} files renamed into place for {} emails",
+        emails.len()
+    );
+    let written_again = renames - emails.len();
+    assert!(
+        written_again <= cut_short,
+        "{written_again} emails were written again, but the cuts cut only {cut_short} leases short"
+    );
+
+    let dropped: u64 = cuts.reports.iter().map(|r| r.bytes_dropped).sum();
     eprintln!(
-        "power cuts: {} cuts dropped {dropped} unsynced bytes in all; {} deliveries and {} orders acknowledged, 0 lost; {} emails sent, each whole",
-        reports.len(),
+        "power cuts: {} cuts dropped {dropped} unsynced bytes in all; acknowledgements checked after each cut: {:?}, 0 lost; \
+         {} deliveries and {} orders acknowledged, 0 lost, {} acknowledged sent again and answered as before; \
+         {} emails sent, each whole; {written_again} written again, of rows in flight at the cuts {:?} ({cut_short} leases cut short)",
+        cuts.reports.len(),
+        cuts.checked,
         acked_events.len(),
         orders.len(),
-        emails.len()
+        cuts.resent_acknowledged,
+        emails.len(),
+        cuts.in_flight
     );
 }
 
 /// The relay sending over SMTP: a row is `sent` only after the server's 250, so after power cuts
 /// every `sent` row's message is one the server accepted; a row whose message was accepted just
 /// before a cut may be sent again (the documented at-least-once resend, with the same
-/// Message-ID), but only those.
+/// Message-ID), but only those: a message is accepted at most once, plus once for each cut
+/// after which its row was found pending under the killed relay's lease. No acknowledged
+/// delivery is lost, as in the test above.
 #[test]
 fn power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted() {
     use serve::*;
@@ -889,8 +1191,7 @@ fn power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted()
         .filter(|r| matches!(r, Request::Event { .. }))
         .collect();
     let acked = Arc::new(Acknowledged::default());
-    let cuts = 4;
-    load_with_cuts(&mount, &server, &requests, cuts, &acked, 0x5317);
+    let cuts = load_with_cuts(&mount, &server, &requests, 4, &acked, 0x5317);
     wait_for_the_relay(&db);
     server.lock().unwrap().stop();
     let _ = sink.kill();
@@ -899,7 +1200,11 @@ fn power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted()
     // How many times the server accepted each Message-ID.
     let mut accepted: std::collections::HashMap<String, usize> = Default::default();
     for entry in std::fs::read_dir(&received).unwrap() {
-        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "eml") {
+            continue; // a file the sink, killed, did not finish (it renames each into place)
+        }
+        let text = std::fs::read_to_string(path).unwrap();
         let id = text
             .lines()
             .find_map(|l| l.strip_prefix("Message-ID: <"))
@@ -909,7 +1214,21 @@ fn power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted()
         *accepted.entry(id).or_default() += 1;
     }
     let emails = emails(&db);
-    assert!(emails.len() >= 80 * 2, "{}", emails.len());
+    let notices: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM order_transitions
+             WHERE to_status IN ('paid', 'partially_refunded', 'refunded')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        emails.len() as i64,
+        notices,
+        "one email per status change with a notice"
+    );
+    assert!(emails.len() >= 80, "a refund notice at least per order");
     for (key, status) in &emails {
         assert_eq!(status, "sent", "{key}");
         assert!(
@@ -917,14 +1236,29 @@ fn power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted()
             "{key} is sent but the server never accepted it"
         );
     }
-    // Resent only around a cut: at most the batches in flight (two of 32) per cut.
-    let resent: usize = accepted.values().map(|n| n - 1).sum();
+    // Sent again only where a cut left the row in flight: pending under the killed relay's
+    // lease in what the cut left (its result not committed), found before the restart. Once
+    // more for each such lease at most.
+    let cut_short = |key: &str| cuts.cut_short.get(key).map_or(0, |leases| leases.len());
+    let beyond: Vec<_> = accepted
+        .iter()
+        .filter(|(key, n)| **n > 1 + cut_short(key))
+        .map(|(key, n)| (key, n, cut_short(key)))
+        .collect();
     assert!(
-        resent <= cuts * 2 * sekali::jobs::relay::NETWORK_BATCH,
-        "{resent} messages were accepted twice"
+        beyond.is_empty(),
+        "accepted more often than once plus once per lease on its row a cut cut short (key, accepted, leases cut short): {beyond:?}"
     );
+    let resent: usize = accepted.values().map(|n| n - 1).sum();
+    let leases: usize = cuts.cut_short.values().map(|l| l.len()).sum();
+    let acknowledged = acked.events.lock().unwrap().len();
     eprintln!(
-        "SMTP under {cuts} power cuts: {} emails sent, each accepted by the server; {resent} accepted twice (resent after a cut)",
-        emails.len()
+        "SMTP under {} power cuts: acknowledgements checked after each cut: {:?}, 0 lost; {acknowledged} deliveries acknowledged, {} sent again and answered duplicate; \
+         {} emails sent, each accepted by the server; {resent} accepted again, each in flight at a cut (rows in flight at the cuts {:?}, {leases} leases cut short)",
+        cuts.reports.len(),
+        cuts.checked,
+        cuts.resent_acknowledged,
+        emails.len(),
+        cuts.in_flight
     );
 }
