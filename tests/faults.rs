@@ -187,7 +187,7 @@ async fn in_one_batch<T>(
     })
     .unwrap();
     fail::cfg("writer::before_batch", "pause").unwrap();
-    let before = app.writer.stats();
+    let before = app.store.stats().writer;
     let release = async {
         let deadline = Instant::now() + Duration::from_secs(20);
         while queued.load(Ordering::SeqCst) < jobs {
@@ -200,7 +200,7 @@ async fn in_one_batch<T>(
             actix_web::rt::time::sleep(Duration::from_millis(2)).await;
         }
         assert_eq!(
-            app.writer.stats(),
+            app.store.stats().writer,
             before,
             "the writer committed nothing while it was held"
         );
@@ -209,7 +209,7 @@ async fn in_one_batch<T>(
     let (sent, ()) = futures_util::future::join(send, release).await;
     fail::remove("writer::queued");
     assert_eq!(queued.load(Ordering::SeqCst), jobs, "no other work queued");
-    let after = app.writer.stats();
+    let after = app.store.stats().writer;
     let committed = Committed {
         transactions: after.transactions - before.transactions,
         deliveries: after.deliveries - before.deliveries,
