@@ -713,6 +713,80 @@ mod tests {
         parse_notification(json.as_bytes()).unwrap()
     }
 
+    /// `describe()` of Midtrans configured from `env` and `--provider-option midtrans.OPTION`s.
+    fn configured(env: &[(&str, &str)], options: &[(&str, &str)]) -> String {
+        let env_var = |name: &str| {
+            env.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let options = options
+            .iter()
+            .map(|(o, v)| (("midtrans".to_owned(), (*o).to_owned()), (*v).to_owned()))
+            .collect();
+        configure(&ProviderSettings {
+            env: &env_var,
+            options: &options,
+        })
+        .unwrap()
+        .expect("a server key is set")
+        .describe()
+    }
+
+    /// The status API is production by default, the sandbox for a sandbox server key (`SB-…`),
+    /// and wherever `MIDTRANS_API_URL` (or the `api-url` option) says, whatever the key.
+    #[test]
+    fn the_status_api_is_production_the_sandbox_for_an_sb_key_or_the_url_set() {
+        let sandbox_key = (ENV_SERVER_KEY, "SB-Mid-server-abc");
+        let production_key = (ENV_SERVER_KEY, "Mid-server-abc");
+        let on = "status check on, ";
+        assert_eq!(
+            configured(&[sandbox_key], &[]),
+            format!("{on}https://api.sandbox.midtrans.com")
+        );
+        // The key is trimmed before it is looked at.
+        assert_eq!(
+            configured(&[(ENV_SERVER_KEY, " SB-Mid-server-abc\n")], &[]),
+            format!("{on}https://api.sandbox.midtrans.com")
+        );
+        assert_eq!(
+            configured(&[production_key], &[]),
+            format!("{on}https://api.midtrans.com")
+        );
+        // Only the prefix SB- (as Midtrans writes it) is a sandbox key.
+        assert_eq!(
+            configured(&[(ENV_SERVER_KEY, "Mid-server-SB-abc")], &[]),
+            format!("{on}https://api.midtrans.com")
+        );
+        for (key, default) in [
+            (sandbox_key, "https://api.sandbox.midtrans.com"),
+            (production_key, "https://api.midtrans.com"),
+        ] {
+            let url = (midtrans_status::ENV_API_URL, "http://127.0.0.1:8089/");
+            assert_eq!(
+                configured(&[key, url], &[]),
+                format!("{on}http://127.0.0.1:8089"),
+                "{key:?}"
+            );
+            // The option wins over the environment; a blank variable is unset.
+            assert_eq!(
+                configured(&[key, url], &[("api-url", "https://status.example")]),
+                format!("{on}https://status.example"),
+                "{key:?}"
+            );
+            let blank = (midtrans_status::ENV_API_URL, " ");
+            assert_eq!(
+                configured(&[key, blank], &[]),
+                format!("{on}{default}"),
+                "{key:?}"
+            );
+        }
+        assert_eq!(
+            configured(&[production_key, (ENV_STATUS_CHECK, "off")], &[]),
+            "status check off"
+        );
+    }
+
     #[test]
     fn signature_uses_the_strings_exactly_as_sent() {
         let key = SecretString::from("SB-Mid-server-x".to_string());
