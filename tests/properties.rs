@@ -379,6 +379,7 @@ fn midtrans_notification_shaped() -> impl Strategy<Value = Value> {
                 ]
                 .boxed(),
             ),
+            ("transaction_id", text_or_anything().boxed()),
             ("currency", text_or_anything().boxed()),
             ("refund_amount", midtrans_text().boxed()),
             (
@@ -672,12 +673,15 @@ proptest! {
     #[test]
     fn midtrans_derived_ids_split_back_into_their_parts(
         parts in proptest::collection::vec("[a-z:\\\\]{0,6}", 3..6),
+        deny in any::<bool>(),
     ) {
         // Build a notification whose id parts are `parts` (order id, status, code, fraud...),
-        // with a partial refund's key as the last part when there are five.
+        // with, when there are five, a partial refund's key as the last part, or for a deny the
+        // transaction it is for.
+        let status = if deny { "deny" } else { "partial_refund" };
         let mut value = serde_json::json!({
             "order_id": format!("o{}", parts[0]),
-            "transaction_status": "partial_refund",
+            "transaction_status": status,
             "status_code": parts[1],
             "gross_amount": "1.00",
             "signature_key": "",
@@ -685,14 +689,16 @@ proptest! {
         if parts.len() > 3 {
             value["fraud_status"] = format!("f{}", parts[3]).into();
         }
-        if parts.len() > 4 {
+        if parts.len() > 4 && deny {
+            value["transaction_id"] = format!("k{}", parts[4]).into();
+        } else if parts.len() > 4 {
             value["refunds"] = serde_json::json!([{"refund_key": format!("k{}", parts[4]), "refund_amount": "1.00"}]);
         }
         let notification = parse_notification(&serde_json::to_vec(&value).unwrap()).unwrap();
         let id = notification.normalise().event_id;
         let mut expected = vec![
             format!("o{}", parts[0]),
-            "partial_refund".to_owned(),
+            status.to_owned(),
             parts[1].clone(),
         ];
         if parts.len() > 3 {

@@ -105,3 +105,17 @@ fn client(timeout: Duration) -> awc::Client {
         .clone()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_url_is_the_sandbox_for_an_sb_key_and_production_otherwise() {
+        let url = |key: &str| StatusApi::default_url_for(&SecretString::from(key.to_owned()));
+        assert_eq!(url("SB-Mid-server-abc"), "https://api.sandbox.midtrans.com");
+        assert_eq!(url("Mid-server-abc"), "https://api.midtrans.com");
+        assert_eq!(url("sb-Mid-server-abc"), "https://api.midtrans.com");
+        assert_eq!(url(""), "https://api.midtrans.com");
+    }
+}

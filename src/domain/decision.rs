@@ -16,8 +16,9 @@ pub enum Outcome {
     /// A payment for an API order did not match its amount or currency: the order went to
     /// `needs_review` instead of `paid`.
     AmountMismatch,
-    /// The provider reversed a payment already applied (Midtrans `deny` after `settlement`): the
-    /// order went from `paid` to `needs_review`, and no customer email was queued.
+    /// The provider reversed the payment that paid the order (Midtrans `deny` or `cancel` of
+    /// the transaction that settled): the order went from `paid` to `needs_review`, and no
+    /// customer email was queued.
     Reversed,
     /// The event id was already claimed: nothing changed.
     Duplicate,
@@ -53,7 +54,9 @@ pub struct OrderState {
     pub refunded_amount: i64,
     pub currency: Option<String>,
     pub customer_email: Option<String>,
-    /// The first payment linked to it (`orders.payment_intent_id`).
+    /// The payment that paid it, else the first one linked to it (`orders.payment_intent_id`):
+    /// a Stripe PaymentIntent or Charges API charge, a Midtrans `transaction_id`. A reversal
+    /// must name it.
     pub payment_ref: Option<String>,
     /// What the payment that moved it to `paid` (or to `needs_review` for a mismatch) said was
     /// paid, and in which currency: what the receipt shows.
@@ -122,7 +125,9 @@ pub fn decide(
     let refunded = change.refunded_amount.unwrap_or(0);
     let further_refund =
         target == current.status && target.is_refund() && refunded > current.refunded_amount;
-    let reversal = change.reverses_payment && current.status == OrderStatus::Paid;
+    let reversal = change.reverses_payment
+        && current.status == OrderStatus::Paid
+        && reverses_the_paying_transaction(current, event);
     let forward = (current.status.can_move_forward_to(target) || reversal)
         // A forward move that reports less refunded money than already recorded comes from an
         // older refund event than one already applied: money is never un-refunded.
@@ -161,6 +166,11 @@ pub fn decide(
         next.status = OrderStatus::NeedsReview;
         outcome = Outcome::Reversed;
     } else if target == OrderStatus::Paid {
+        // The payment that pays the order is the one it records, not the first attempt seen
+        // (an expired virtual account before the transfer that paid): a reversal must name it.
+        if let Some(reference) = &event.payment_ref {
+            next.payment_ref = Some(reference.clone());
+        }
         next.paid_amount = change.paid_amount.or(change.amount);
         next.paid_currency = change.currency.clone().or_else(|| current.currency.clone());
         if current.from_api && payment_mismatch(current, change) {
@@ -180,6 +190,19 @@ pub fn decide(
         from: current.status,
         next,
         outcome,
+    }
+}
+
+/// True when `event`, which reports a reversal, is for the payment that paid `order`. A
+/// provider keeps one order id across a customer's attempts (Midtrans), so a deny of another
+/// attempt, arriving late, takes nothing back; a reversal that names no payment is not the
+/// paying one's. A Midtrans order paid before sekali recorded its paying transaction
+/// (`payment_intent_id` NULL) names none: nothing tells the attempts apart, and the reversal
+/// stands, because an operator's look at an order still paid costs less than a reversal missed.
+fn reverses_the_paying_transaction(order: &OrderState, event: &NormalizedEvent) -> bool {
+    match &order.payment_ref {
+        Some(paid_by) => event.payment_ref.as_deref() == Some(paid_by.as_str()),
+        None => true,
     }
 }
 
@@ -448,7 +471,11 @@ mod tests {
     fn a_reversal_of_a_paid_order_needs_review_and_carries_no_notice() {
         let mut deny = change(Cancelled);
         deny.reverses_payment = true;
-        let decision = decide(Some(&order(Paid)), &event("midtrans"), &deny);
+        let mut paid = order(Paid);
+        paid.payment_ref = Some("tx-1".into());
+        let mut of_the_payment = event("midtrans");
+        of_the_payment.payment_ref = Some("tx-1".into());
+        let decision = decide(Some(&paid), &of_the_payment, &deny);
         let Decision::Move { next, outcome, .. } = &decision else {
             panic!("{decision:?}")
         };
@@ -468,6 +495,117 @@ mod tests {
             decided(Some(&order(Paid)), &change(Cancelled)),
             (Outcome::Stale, Paid)
         );
+    }
+
+    /// A deny or cancel reverses a paid order only when it is for the transaction that paid
+    /// it: Midtrans keeps one order id across a customer's attempts, and a late deny of another
+    /// attempt (a card declined before the bank transfer that paid) takes nothing back.
+    #[test]
+    fn only_a_reversal_of_the_paying_transaction_moves_a_paid_order_to_review() {
+        // (order status, transaction recorded on the order, the deny's transaction) -> result
+        #[rustfmt::skip]
+        let table = [
+            (Paid, Some("tx-1"), Some("tx-1"), (Outcome::Reversed, NeedsReview)),
+            (Paid, Some("tx-1"), Some("tx-2"), (Outcome::Stale, Paid)),
+            // A deny that names no transaction cannot be the paying one's.
+            (Paid, Some("tx-1"), None, (Outcome::Stale, Paid)),
+            // An order paid before sekali recorded Midtrans transactions: nothing tells the two
+            // apart, and an operator's look costs less than a reversal missed.
+            (Paid, None, Some("tx-2"), (Outcome::Reversed, NeedsReview)),
+            (Paid, None, None, (Outcome::Reversed, NeedsReview)),
+            // Before a payment, a deny of any attempt is a plain cancellation.
+            (Pending, Some("tx-1"), Some("tx-2"), (Outcome::Processed, Cancelled)),
+            // After a refund, or once in review, nothing is reversed again.
+            (Refunded, Some("tx-1"), Some("tx-1"), (Outcome::Stale, Refunded)),
+            (PartiallyRefunded, Some("tx-1"), Some("tx-1"), (Outcome::Stale, PartiallyRefunded)),
+            (NeedsReview, Some("tx-1"), Some("tx-1"), (Outcome::Stale, NeedsReview)),
+        ];
+        for (status, paid_by, denied, expected) in table {
+            let mut current = order(status);
+            current.payment_ref = paid_by.map(str::to_owned);
+            if status.is_refund() {
+                current.refunded_amount = if status == Refunded { 1500 } else { 500 };
+            }
+            let mut deny = change(Cancelled);
+            deny.reverses_payment = true;
+            let mut event = event("midtrans");
+            event.payment_ref = denied.map(str::to_owned);
+            let decision = decide(Some(&current), &event, &deny);
+            let (outcome, next) = match &decision {
+                Decision::Move { outcome, next, .. } | Decision::Keep { outcome, next } => {
+                    (*outcome, next)
+                }
+                Decision::Create { .. } => panic!("{decision:?}"),
+            };
+            assert_eq!(
+                (outcome, next.status),
+                expected,
+                "{status} paid by {paid_by:?}, deny of {denied:?}"
+            );
+            if status == Paid && paid_by.is_some() {
+                // The transaction that paid stays the one recorded, whatever was denied.
+                assert_eq!(next.payment_ref.as_deref(), paid_by, "{denied:?}");
+            }
+        }
+    }
+
+    /// The transaction recorded on an order is the one that paid it, not the first attempt
+    /// seen: an order whose first attempt expired and whose second paid is reversed by a deny of
+    /// the second.
+    #[test]
+    fn the_payment_that_pays_an_order_is_the_one_it_records() {
+        let mut paying = event("midtrans");
+        paying.payment_ref = Some("tx-2".into());
+        for from in [Pending, Failed, Expired] {
+            let mut current = order(from);
+            current.payment_ref = Some("tx-1".into());
+            let decision = decide(Some(&current), &paying, &change(Paid));
+            let Decision::Move { next, outcome, .. } = &decision else {
+                panic!("{decision:?}")
+            };
+            assert_eq!(
+                (*outcome, next.status),
+                (Outcome::Processed, Paid),
+                "{from}"
+            );
+            assert_eq!(next.payment_ref.as_deref(), Some("tx-2"), "{from}");
+
+            let mut deny = change(Cancelled);
+            deny.reverses_payment = true;
+            assert_eq!(
+                decide(Some(next), &paying, &deny).outcome(),
+                Outcome::Reversed,
+                "{from}"
+            );
+        }
+        // A payment that does not match an API order records its transaction too: an operator
+        // who settles the order leaves it reversible by that transaction.
+        let mut api_order = order(Pending);
+        api_order.from_api = true;
+        let mut paid_less = change(Paid);
+        paid_less.paid_amount = Some(1000);
+        let decision = decide(Some(&api_order), &paying, &paid_less);
+        let Decision::Move { next, outcome, .. } = &decision else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(*outcome, Outcome::AmountMismatch);
+        assert_eq!(next.payment_ref.as_deref(), Some("tx-2"));
+        // A payment event that names no payment keeps the one recorded.
+        let mut current = order(Pending);
+        current.payment_ref = Some("tx-1".into());
+        let decision = decide(Some(&current), &event("stripe"), &change(Paid));
+        let Decision::Move { next, .. } = &decision else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(next.payment_ref.as_deref(), Some("tx-1"));
+        // And a move other than to paid keeps the first payment seen.
+        let mut other = event("stripe");
+        other.payment_ref = Some("pi_2".into());
+        let decision = decide(Some(&current), &other, &change(Failed));
+        let Decision::Move { next, .. } = &decision else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(next.payment_ref.as_deref(), Some("tx-1"));
     }
 
     #[test]

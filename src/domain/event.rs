@@ -93,8 +93,9 @@ pub struct StatusChange {
     /// One address, parsed at the edge; an address that is not exactly one is dropped there.
     pub customer_email: Option<EmailAddress>,
     /// The provider reports that a payment it had settled was reversed (Midtrans `deny` or
-    /// `cancel` after `settlement` or `capture`): an order already paid goes to `needs_review`
-    /// rather than being treated as stale.
+    /// `cancel` after `settlement` or `capture`): an order already paid by that same payment
+    /// (the event's `payment_ref`) goes to `needs_review` rather than being treated as stale; a
+    /// reversal of another payment of the order is stale.
     pub reverses_payment: bool,
 }
 
@@ -107,8 +108,10 @@ pub struct NormalizedEvent {
     pub event_id: String,
     pub event_type: String,
     pub order_ref: OrderRef,
-    /// The payment this event ties to its order (Stripe only: a PaymentIntent, or a charge of
-    /// the Charges API), so that later charges and disputes can find the order through it.
+    /// The payment this event is about: for Stripe a PaymentIntent, or a charge of the Charges
+    /// API, so that later charges and disputes can find the order through it; for Midtrans the
+    /// `transaction_id`. The event that pays an order records its payment on the order, and a
+    /// reversal must name that payment.
     pub payment_ref: Option<String>,
     /// `None` for event types sekali does not act on: they are recorded as `ignored`.
     pub change: Option<StatusChange>,

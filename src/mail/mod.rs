@@ -78,10 +78,15 @@ pub fn locale_for(metadata_locale: Option<&str>, currency: Option<&str>) -> &'st
     }
 }
 
-/// The subject line, without control characters: an order id from a webhook is whatever the
-/// shop's metadata held, and a line break in a subject is a header of its own to some APIs.
+/// The subject line, without control characters (C0, DEL and C1, NEL U+0085 among them) or the
+/// Unicode line and paragraph separators (U+2028, U+2029, which are not control characters but
+/// are line breaks): an order id from a webhook is whatever the shop's metadata held, and a line
+/// break in a subject is a header of its own to some APIs.
 fn subject(template: &str, locale: &str, order_id: &str) -> String {
-    let order_id: String = order_id.chars().filter(|c| !c.is_control()).collect();
+    let order_id: String = order_id
+        .chars()
+        .filter(|&c| !c.is_control() && !matches!(c, '\u{2028}' | '\u{2029}'))
+        .collect();
     match (template, locale) {
         ("receipt", "id") => format!("Pembayaran diterima untuk pesanan {order_id}"),
         ("receipt", _) => format!("Payment received for order {order_id}"),
@@ -242,6 +247,35 @@ mod tests {
             bare.text.contains("Best regards,\ntoko.example"),
             "{}",
             bare.text
+        );
+    }
+
+    /// Every C0 and C1 control character (TAB, ESC, BEL, NUL, DEL, NEL U+0085 among them) and
+    /// the Unicode line and paragraph separators (U+2028, U+2029) are stripped from the order id
+    /// in a subject: a subject is one line, whatever the order id holds. The rest is kept.
+    #[test]
+    fn a_subject_keeps_no_control_character_or_line_separator_of_the_order_id() {
+        let hostile =
+            "ord\t1\u{1b}[31m\u{7}\u{0}\u{7f}\u{85}\u{2028}\u{2029}\r\nBcc: x\u{80}\u{9f}-é";
+        assert_eq!(
+            subject("receipt", "en", hostile),
+            "Payment received for order ord1[31mBcc: x-é"
+        );
+        for c in (0u32..0x20).chain(0x7f..0xa0).chain([0x2028, 0x2029]) {
+            let c = char::from_u32(c).unwrap();
+            for (template, locale) in [
+                ("receipt", "id"),
+                ("payment_failed", "en"),
+                ("refund_notice", "id"),
+            ] {
+                let line = subject(template, locale, &format!("a{c}b"));
+                assert!(line.ends_with(" ab"), "U+{:04X}: {line:?}", u32::from(c));
+            }
+        }
+        // What is not a control character stays (a space, a non-breaking space, letters).
+        assert_eq!(
+            subject("refund_notice", "en", "ord 1\u{a0}ü"),
+            "Refund for order ord 1\u{a0}ü"
         );
     }
 

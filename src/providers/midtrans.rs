@@ -17,13 +17,22 @@
 //!
 //! Midtrans sends no event id. sekali derives one that is the same for every retry of one
 //! notification and differs between distinct status changes: the parts
-//! `order_id`, `transaction_status`, `status_code`, then `fraud_status` and (refund notifications
-//! only) the refund identity when present, each with `\` and `:` escaped as `\\` and `\:`,
-//! joined by `:`. The refund identity is the newest `refunds[].refund_key`, else that refund's
-//! `refund_chargeback_id`, else the cumulative refunded amount in minor units. Escaping makes the
-//! id injective (before it, a partial refund of `A` with refund key `rk:settlement:200` and a
-//! settlement of order `A:partial_refund:200:rk` derived the same id); for parts without `:` or
-//! `\`, which is nearly every real id, the id is exactly what earlier versions derived.
+//! `order_id`, `transaction_status`, `status_code`, then `fraud_status` when present, then for a
+//! refund notification the refund identity and for one that can reverse a payment (`deny`,
+//! `cancel`, `capture` with fraud status `deny`) the `transaction_id`, when present; each part
+//! with `\` and `:` escaped as `\\` and `\:`, joined by `:`. The refund identity is the newest
+//! `refunds[].refund_key`, else that refund's `refund_chargeback_id`, else the cumulative refunded
+//! amount in minor units. Escaping makes the id injective (before it, a partial refund of `A` with
+//! refund key `rk:settlement:200` and a settlement of order `A:partial_refund:200:rk` derived the
+//! same id); for parts without `:` or `\`, which is nearly every real id, the id is exactly what
+//! earlier versions derived, but for the transaction of a deny or cancel.
+//!
+//! **Transactions.** Midtrans keeps one `order_id` across a customer's attempts, each its own
+//! `transaction_id`. The transaction is the event's payment (`payment_ref`): the one that pays
+//! an order is recorded on it, and only a deny or cancel of that transaction reverses the
+//! payment (`domain::decision`); a deny of another attempt is stale. That is why a deny's id
+//! names its transaction: the stale deny of one attempt must not make the reversal of the
+//! paying one look like its retry.
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
@@ -290,6 +299,9 @@ pub struct Notification {
     pub gross_amount: Text,
     pub signature_key: String,
     pub transaction_status: String,
+    /// The attempt this notification is about (one order can have several); not covered by the
+    /// signature.
+    pub transaction_id: Option<String>,
     pub fraud_status: Option<String>,
     pub currency: Option<String>,
     pub refund_amount: Option<Text>,
@@ -414,7 +426,24 @@ impl Notification {
         self.refunded_amount().map(|amount| amount.to_string())
     }
 
-    /// The parts of the derived id, in order (see the module docs).
+    /// The transaction, when the notification names one.
+    pub fn transaction_id(&self) -> Option<&str> {
+        self.transaction_id.as_deref().filter(|t| !t.is_empty())
+    }
+
+    /// The last part of the derived id, for notifications that have one: a refund's identity,
+    /// or the transaction a deny or cancel is for.
+    fn last_id_part(&self) -> Option<String> {
+        if self.is_refund() {
+            self.refund_identity()
+        } else if self.reverses_payment() {
+            self.transaction_id().map(str::to_owned)
+        } else {
+            None
+        }
+    }
+
+    /// The parts of the derived id before the last, in order (see the module docs).
     fn id_parts(&self) -> Vec<&str> {
         let mut parts = vec![
             self.order_id.as_str(),
@@ -429,24 +458,28 @@ impl Notification {
 
     /// The event id: the parts, escaped, joined by `:` (see the module docs).
     pub fn derived_event_id(&self) -> String {
-        let identity = self.is_refund().then(|| self.refund_identity()).flatten();
+        let last = self.last_id_part();
         let mut parts = self.id_parts();
-        parts.extend(identity.as_deref());
-        parts
-            .iter()
-            .map(|part| part.replace('\\', "\\\\").replace(':', "\\:"))
-            .collect::<Vec<_>>()
-            .join(":")
+        parts.extend(last.as_deref());
+        escaped_id(&parts)
     }
 
-    /// The id versions before escaping derived (the parts joined by `:` as they are), when it
-    /// differs from [`Self::derived_event_id`]: a claim under it within the retention window is
-    /// the same notification.
+    /// The id an earlier version derived for this notification, when it differs from
+    /// [`Self::derived_event_id`]: a claim under it within the retention window is the same
+    /// notification. For a deny or cancel that names its transaction, the id without it (the
+    /// version before); for the rest, the parts joined by `:` unescaped (the versions before
+    /// escaping). A deny or cancel with `:` or `\` in its parts may then be applied once more
+    /// across the upgrade, which changes nothing: applied again, either is stale or processed
+    /// without a move.
     pub fn legacy_event_id(&self) -> Option<String> {
-        let identity = self.is_refund().then(|| self.refund_identity()).flatten();
-        let mut parts = self.id_parts();
-        parts.extend(identity.as_deref());
-        let legacy = parts.join(":");
+        let legacy = if self.reverses_payment() && self.transaction_id().is_some() {
+            escaped_id(&self.id_parts())
+        } else {
+            let last = self.last_id_part();
+            let mut parts = self.id_parts();
+            parts.extend(last.as_deref());
+            parts.join(":")
+        };
         (legacy != self.derived_event_id()).then_some(legacy)
     }
 
@@ -501,6 +534,7 @@ impl Notification {
     pub fn normalise(self) -> NormalizedEvent {
         let event_id = self.derived_event_id();
         let legacy_event_id = self.legacy_event_id();
+        let payment_ref = self.transaction_id().map(str::to_owned);
         let exponent = self.exponent();
         let gross = parse_decimal_minor_units(self.gross_amount.as_text(), exponent);
         let change = self.target_status().map(|target| StatusChange {
@@ -526,7 +560,7 @@ impl Notification {
             event_id,
             event_type: self.transaction_status,
             order_ref: OrderRef::OrderId(self.order_id),
-            payment_ref: None,
+            payment_ref,
             change,
             legacy_event_id,
             detail: None,
@@ -535,8 +569,10 @@ impl Notification {
     }
 
     /// This notification as Midtrans's status API reports the transaction now (`answer`, the
-    /// body of `GET /v2/{order_id}/status`): its status, fraud status, amount, currency and
-    /// refunds replace the notification's, which the signature does not cover. The status code
+    /// body of `GET /v2/{order_id}/status`): its transaction, status, fraud status, amount,
+    /// currency and refunds replace the notification's, which the signature does not cover (so a
+    /// deny is for the transaction the API says was denied, whatever `transaction_id` the
+    /// notification names). The status code
     /// becomes the one that belongs to the confirmed status, so a notification the API agrees
     /// with keeps the id it would have had unconfirmed.
     ///
@@ -564,6 +600,7 @@ impl Notification {
         }
         let mut confirmed = Notification {
             transaction_status,
+            transaction_id: api.transaction_id.or(self.transaction_id.clone()),
             fraud_status: api.fraud_status,
             gross_amount: api.gross_amount.unwrap_or(self.gross_amount.clone()),
             currency: api.currency.or(self.currency.clone()),
@@ -595,6 +632,7 @@ struct StatusAnswer {
     status_message: Option<String>,
     order_id: Option<String>,
     transaction_status: Option<String>,
+    transaction_id: Option<String>,
     fraud_status: Option<String>,
     gross_amount: Option<Text>,
     currency: Option<String>,
@@ -618,6 +656,15 @@ pub enum NotConfirmed {
     NotYet { claimed: String, reported: String },
     #[error("the status API's answer could not be read: {0}")]
     Unreadable(String),
+}
+
+/// `parts`, each with `\` and `:` escaped, joined by `:`.
+fn escaped_id(parts: &[&str]) -> String {
+    parts
+        .iter()
+        .map(|part| part.replace('\\', "\\\\").replace(':', "\\:"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// Refuses a notification whose `status_code` is not the one its `transaction_status` has (see
@@ -666,6 +713,80 @@ mod tests {
         parse_notification(json.as_bytes()).unwrap()
     }
 
+    /// `describe()` of Midtrans configured from `env` and `--provider-option midtrans.OPTION`s.
+    fn configured(env: &[(&str, &str)], options: &[(&str, &str)]) -> String {
+        let env_var = |name: &str| {
+            env.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let options = options
+            .iter()
+            .map(|(o, v)| (("midtrans".to_owned(), (*o).to_owned()), (*v).to_owned()))
+            .collect();
+        configure(&ProviderSettings {
+            env: &env_var,
+            options: &options,
+        })
+        .unwrap()
+        .expect("a server key is set")
+        .describe()
+    }
+
+    /// The status API is production by default, the sandbox for a sandbox server key (`SB-…`),
+    /// and wherever `MIDTRANS_API_URL` (or the `api-url` option) says, whatever the key.
+    #[test]
+    fn the_status_api_is_production_the_sandbox_for_an_sb_key_or_the_url_set() {
+        let sandbox_key = (ENV_SERVER_KEY, "SB-Mid-server-abc");
+        let production_key = (ENV_SERVER_KEY, "Mid-server-abc");
+        let on = "status check on, ";
+        assert_eq!(
+            configured(&[sandbox_key], &[]),
+            format!("{on}https://api.sandbox.midtrans.com")
+        );
+        // The key is trimmed before it is looked at.
+        assert_eq!(
+            configured(&[(ENV_SERVER_KEY, " SB-Mid-server-abc\n")], &[]),
+            format!("{on}https://api.sandbox.midtrans.com")
+        );
+        assert_eq!(
+            configured(&[production_key], &[]),
+            format!("{on}https://api.midtrans.com")
+        );
+        // Only the prefix SB- (as Midtrans writes it) is a sandbox key.
+        assert_eq!(
+            configured(&[(ENV_SERVER_KEY, "Mid-server-SB-abc")], &[]),
+            format!("{on}https://api.midtrans.com")
+        );
+        for (key, default) in [
+            (sandbox_key, "https://api.sandbox.midtrans.com"),
+            (production_key, "https://api.midtrans.com"),
+        ] {
+            let url = (midtrans_status::ENV_API_URL, "http://127.0.0.1:8089/");
+            assert_eq!(
+                configured(&[key, url], &[]),
+                format!("{on}http://127.0.0.1:8089"),
+                "{key:?}"
+            );
+            // The option wins over the environment; a blank variable is unset.
+            assert_eq!(
+                configured(&[key, url], &[("api-url", "https://status.example")]),
+                format!("{on}https://status.example"),
+                "{key:?}"
+            );
+            let blank = (midtrans_status::ENV_API_URL, " ");
+            assert_eq!(
+                configured(&[key, blank], &[]),
+                format!("{on}{default}"),
+                "{key:?}"
+            );
+        }
+        assert_eq!(
+            configured(&[production_key, (ENV_STATUS_CHECK, "off")], &[]),
+            "status check off"
+        );
+    }
+
     #[test]
     fn signature_uses_the_strings_exactly_as_sent() {
         let key = SecretString::from("SB-Mid-server-x".to_string());
@@ -697,6 +818,79 @@ mod tests {
         assert_eq!(first.derived_event_id(), "A-1:partial_refund:200:rf-1");
         assert_eq!(second.derived_event_id(), "A-1:partial_refund:200:rf-2");
         assert_eq!(second.refunded_amount(), Some(1500));
+    }
+
+    /// The transaction is the event's payment: what a paying notification records on its
+    /// order, and what a deny must name to reverse it.
+    #[test]
+    fn the_transaction_is_the_events_payment_and_a_denys_id_names_it() {
+        let settlement = notification(
+            r#"{"order_id":"C","status_code":"200","gross_amount":"1.00","signature_key":"x","transaction_status":"settlement","fraud_status":"accept","transaction_id":"tx-1"}"#,
+        );
+        assert_eq!(settlement.derived_event_id(), "C:settlement:200:accept");
+        assert_eq!(settlement.legacy_event_id(), None);
+        assert_eq!(settlement.normalise().payment_ref.as_deref(), Some("tx-1"));
+
+        for (status, code, fraud) in [
+            ("deny", "202", "accept"),
+            ("cancel", "202", "accept"),
+            ("capture", "202", "deny"),
+        ] {
+            let reversal = |transaction: &str| {
+                notification(&format!(
+                    r#"{{"order_id":"C","status_code":"{code}","gross_amount":"1.00","signature_key":"x","transaction_status":"{status}","fraud_status":"{fraud}","transaction_id":"{transaction}"}}"#
+                ))
+            };
+            let of_one = reversal("tx-1");
+            let of_another = reversal("tx:2");
+            assert_eq!(
+                of_one.derived_event_id(),
+                format!("C:{status}:{code}:{fraud}:tx-1")
+            );
+            assert_eq!(
+                of_another.derived_event_id(),
+                format!("C:{status}:{code}:{fraud}:tx\\:2")
+            );
+            // A retry stored by the version before, which did not name the transaction, is a
+            // duplicate.
+            let before = format!("C:{status}:{code}:{fraud}");
+            assert_eq!(of_one.legacy_event_id(), Some(before.clone()));
+            assert_eq!(of_another.legacy_event_id(), Some(before));
+            let event = of_one.normalise();
+            assert_eq!(event.payment_ref.as_deref(), Some("tx-1"));
+            assert!(event.change.unwrap().reverses_payment, "{status}");
+        }
+
+        // Without a transaction, the id is the one it always was.
+        let bare = notification(
+            r#"{"order_id":"C","status_code":"202","gross_amount":"1.00","signature_key":"x","transaction_status":"deny","transaction_id":""}"#,
+        );
+        assert_eq!(bare.derived_event_id(), "C:deny:202");
+        assert_eq!(bare.legacy_event_id(), None);
+        assert_eq!(bare.normalise().payment_ref, None);
+    }
+
+    /// The transaction a confirmed notification is about is the one the status API reports:
+    /// `transaction_id` is not signed.
+    #[test]
+    fn a_confirmed_notification_is_about_the_transaction_the_api_reports() {
+        let deny = notification(
+            r#"{"order_id":"C","status_code":"202","gross_amount":"1.00","signature_key":"x","transaction_status":"deny","fraud_status":"accept","transaction_id":"tx-paid"}"#,
+        );
+        let answer = br#"{"status_code":"202","order_id":"C","transaction_status":"deny","fraud_status":"accept","transaction_id":"tx-other","gross_amount":"1.00"}"#;
+        let confirmed = deny.clone().confirmed_by(answer).unwrap();
+        assert_eq!(confirmed.transaction_id(), Some("tx-other"));
+        assert_eq!(confirmed.derived_event_id(), "C:deny:202:accept:tx-other");
+        assert_eq!(
+            confirmed.normalise().payment_ref.as_deref(),
+            Some("tx-other")
+        );
+        // An answer that names no transaction leaves the notification's.
+        let answer = br#"{"status_code":"202","order_id":"C","transaction_status":"deny","fraud_status":"accept","gross_amount":"1.00"}"#;
+        assert_eq!(
+            deny.confirmed_by(answer).unwrap().transaction_id(),
+            Some("tx-paid")
+        );
     }
 
     #[test]

@@ -699,6 +699,78 @@ mod tests {
             .collect()
     }
 
+    /// Fully refunded: Stripe's `refunded` flag, or everything captured refunded; each
+    /// condition alone is enough, and `amount` counts only when nothing says what was captured.
+    #[test]
+    fn a_charge_is_fully_refunded_by_its_flag_or_by_refunding_what_was_captured() {
+        // (refunded, amount, amount_captured, amount_refunded) -> fully refunded
+        #[rustfmt::skip]
+        let table = [
+            // Captured 6,000 of 10,000 and refunded 6,000: both conditions hold.
+            (Some(true), Some(10_000), Some(6_000), Some(6_000), true),
+            // Stripe's own flag alone, with less refunded than captured.
+            (Some(true), Some(10_000), Some(6_000), Some(4_000), true),
+            (Some(true), Some(10_000), Some(10_000), Some(0), true),
+            // Everything captured refunded, the flag false or absent: refunded == captured
+            // < amount.
+            (Some(false), Some(10_000), Some(6_000), Some(6_000), true),
+            (None, Some(10_000), Some(6_000), Some(6_000), true),
+            (Some(false), Some(10_000), Some(6_000), Some(7_000), true),
+            // Less than captured, and no flag: partly.
+            (Some(false), Some(10_000), Some(6_000), Some(5_999), false),
+            (Some(false), Some(10_000), Some(10_000), Some(6_000), false),
+            // Nothing captured said (or 0, as on an object older than amount_captured): the
+            // amount.
+            (Some(false), Some(10_000), None, Some(10_000), true),
+            (Some(false), Some(10_000), Some(0), Some(10_000), true),
+            (Some(false), Some(10_000), None, Some(6_000), false),
+            (Some(false), None, None, Some(6_000), false),
+        ];
+        for (refunded, amount, amount_captured, amount_refunded, full) in table {
+            let charge = EventObject {
+                refunded,
+                amount,
+                amount_captured,
+                amount_refunded,
+                ..EventObject::default()
+            };
+            assert_eq!(
+                is_fully_refunded(&charge),
+                full,
+                "refunded {refunded:?}, amount {amount:?}, captured {amount_captured:?}, \
+                 refunded amount {amount_refunded:?}"
+            );
+        }
+    }
+
+    /// The same through `parse_event`, from the fixture of a charge captured for 6,000 of its
+    /// 10,000: the status and the refunded amount each branch reports.
+    #[test]
+    fn a_partial_capture_refund_reports_refunded_by_either_condition_alone() {
+        let fixture: serde_json::Value = serde_json::from_str(include_str!(
+            "../../fixtures/stripe/charge.refunded.partial_capture.json"
+        ))
+        .unwrap();
+        for (refunded, amount_refunded, target) in [
+            (true, 4_000, OrderStatus::Refunded),
+            (false, 6_000, OrderStatus::Refunded),
+            (false, 4_000, OrderStatus::PartiallyRefunded),
+        ] {
+            let mut event = fixture.clone();
+            event["data"]["object"]["refunded"] = refunded.into();
+            event["data"]["object"]["amount_refunded"] = amount_refunded.into();
+            let change = parse_event(&serde_json::to_vec(&event).unwrap())
+                .unwrap()
+                .change
+                .unwrap();
+            assert_eq!(
+                (change.target, change.refunded_amount),
+                (target, Some(amount_refunded)),
+                "refunded {refunded}, amount_refunded {amount_refunded}"
+            );
+        }
+    }
+
     #[test]
     fn a_signature_from_any_configured_secret_is_accepted() {
         let body = br#"{"id":"evt_1"}"#;

@@ -180,6 +180,181 @@ async fn a_deny_after_a_settlement_is_a_reversal_that_needs_review_and_emails_no
         app.deliver_midtrans("echannel.deny").await.outcome(),
         "duplicate"
     );
+    // The settlement again past its retention, when it is no longer a duplicate (an operator's
+    // resend from the Midtrans dashboard, or a replay): stale, the order stays in review, and no
+    // second receipt is queued.
+    app.clock
+        .advance(std::time::Duration::from_secs(7 * 24 * 3600 + 1));
+    let settled_again = app.deliver_midtrans("echannel.settlement").await;
+    assert_eq!(
+        (settled_again.status, settled_again.outcome()),
+        (200, "stale")
+    );
+    assert_eq!(
+        app.order_status("ORDER-2007").as_deref(),
+        Some("needs_review")
+    );
+    assert_eq!(app.outbox_templates("ORDER-2007"), ["receipt"]);
+    let trail = app.texts(
+        "SELECT coalesce(from_status, '-') || '>' || to_status FROM order_transitions
+         WHERE order_id = 'ORDER-2007' ORDER BY id",
+    );
+    assert_eq!(trail, ["->paid", "paid>needs_review"]);
+}
+
+/// `fixture` (a notification) changed by `edit`, and signed with the test key.
+fn edited(fixture_name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&fixture(&format!("midtrans/{fixture_name}.json"))).unwrap();
+    edit(&mut value);
+    sign_midtrans(&serde_json::to_vec(&value).unwrap())
+}
+
+/// A `deny` or `cancel` of the transaction `transaction_id` of ORDER-2001 (a settled bank
+/// transfer of Rp150.000 in `settlement.json`).
+fn order_2001_reversed_by(status: &str, transaction_id: &str, payment_type: &str) -> Vec<u8> {
+    edited("settlement", |n| {
+        n["transaction_status"] = status.into();
+        n["status_code"] = "202".into();
+        n["transaction_id"] = transaction_id.into();
+        n["payment_type"] = payment_type.into();
+    })
+}
+
+/// The transaction that paid ORDER-2001 (`settlement.json`).
+const ORDER_2001_PAID_BY: &str = "a14f85d4-30ed-4b6e-85f9-0e8ef5208578";
+
+#[actix_web::test]
+async fn a_cancel_after_a_settlement_of_the_same_transaction_is_a_reversal() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "processed"
+    );
+    let cancel = order_2001_reversed_by("cancel", ORDER_2001_PAID_BY, "bank_transfer");
+    let answer = app.post("/webhooks/midtrans", cancel, &[]).await;
+    assert_eq!((answer.status, answer.outcome()), (200, "reversed"));
+    assert_eq!(
+        app.order_status("ORDER-2001").as_deref(),
+        Some("needs_review")
+    );
+    assert_eq!(app.outbox_templates("ORDER-2001"), ["receipt"]);
+}
+
+/// A card payment is paid at `capture` (fraud status `accept`); a deny of that transaction
+/// reverses it.
+#[actix_web::test]
+async fn a_deny_after_a_card_capture_of_the_same_transaction_is_a_reversal() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.deliver_midtrans("capture.accept").await.outcome(),
+        "processed"
+    );
+    assert_eq!(app.order_status("ORDER-2002").as_deref(), Some("paid"));
+    let deny = edited("deny", |n| {
+        n["order_id"] = "ORDER-2002".into();
+        n["gross_amount"] = "275000.00".into();
+        n["transaction_id"] = "c59bf8ba-0f62-46e6-ae3e-4cdcc6fa9989".into();
+    });
+    let answer = app.post("/webhooks/midtrans", deny, &[]).await;
+    assert_eq!((answer.status, answer.outcome()), (200, "reversed"));
+    assert_eq!(
+        app.order_status("ORDER-2002").as_deref(),
+        Some("needs_review")
+    );
+    assert_eq!(app.outbox_templates("ORDER-2002"), ["receipt"]);
+}
+
+/// Fails on the version that took any deny of a paid order for a reversal: Midtrans keeps the
+/// order id across a customer's attempts, and the late deny of a declined card attempt moved an
+/// order that a bank transfer had paid to `needs_review`.
+#[actix_web::test]
+async fn a_deny_of_another_transaction_after_a_settlement_is_stale_and_the_order_stays_paid() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "processed"
+    );
+    for (status, transaction_id, payment_type) in [
+        (
+            "deny",
+            "98bef542-10ab-4ef9-928f-fa9a4baff095",
+            "credit_card",
+        ),
+        (
+            "cancel",
+            "efb1accb-2e3d-41b5-8736-7b42b1587836",
+            "bank_transfer",
+        ),
+    ] {
+        let other = order_2001_reversed_by(status, transaction_id, payment_type);
+        let answer = app.post("/webhooks/midtrans", other, &[]).await;
+        assert_eq!(
+            (answer.status, answer.outcome()),
+            (200, "stale"),
+            "{status} of {transaction_id}: {answer:?}"
+        );
+    }
+    assert_eq!(app.order_status("ORDER-2001").as_deref(), Some("paid"));
+    assert_eq!(app.outbox_templates("ORDER-2001"), ["receipt"]);
+    let trail = app.texts(
+        "SELECT coalesce(from_status, '-') || '>' || to_status FROM order_transitions
+         WHERE order_id = 'ORDER-2001' ORDER BY id",
+    );
+    assert_eq!(trail, ["->paid"]);
+    assert_eq!(
+        app.texts("SELECT payment_intent_id FROM orders WHERE order_id = 'ORDER-2001'"),
+        [ORDER_2001_PAID_BY]
+    );
+}
+
+/// The transaction an order records is the one that paid it: an order whose first attempt (a
+/// virtual account) expired and which a second attempt then paid is reversed by a deny of the
+/// second, not of the first.
+#[actix_web::test]
+async fn the_transaction_that_paid_an_order_is_the_one_a_reversal_must_name() {
+    let app = spawn_app().await;
+    // The first attempt, 04118c91-…, expires.
+    assert_eq!(app.deliver_midtrans("expire").await.outcome(), "processed");
+    let second = "a14f85d4-30ed-4b6e-85f9-0e8ef5208578";
+    let settlement = edited("settlement", |n| {
+        n["order_id"] = "ORDER-2005".into();
+        n["gross_amount"] = "45000.00".into();
+        n["transaction_id"] = second.into();
+    });
+    let paid = app.post("/webhooks/midtrans", settlement, &[]).await;
+    assert_eq!((paid.status, paid.outcome()), (200, "processed"));
+    assert_eq!(
+        app.texts("SELECT payment_intent_id FROM orders WHERE order_id = 'ORDER-2005'"),
+        [second]
+    );
+
+    let deny_of = |transaction_id: &str| {
+        edited("expire", |n| {
+            n["transaction_status"] = "deny".into();
+            n["transaction_id"] = transaction_id.into();
+        })
+    };
+    let first = app
+        .post(
+            "/webhooks/midtrans",
+            deny_of("04118c91-b84a-4e7f-a076-63917915c97e"),
+            &[],
+        )
+        .await;
+    assert_eq!((first.status, first.outcome()), (200, "stale"));
+    assert_eq!(app.order_status("ORDER-2005").as_deref(), Some("paid"));
+
+    // The deny of the paying transaction is an event of its own (its id names the
+    // transaction), not a retry of the first deny, and it is the reversal.
+    let reversal = app.post("/webhooks/midtrans", deny_of(second), &[]).await;
+    assert_eq!((reversal.status, reversal.outcome()), (200, "reversed"));
+    assert_ne!(reversal.body["event_id"], first.body["event_id"]);
+    assert_eq!(
+        app.order_status("ORDER-2005").as_deref(),
+        Some("needs_review")
+    );
+    assert_eq!(app.outbox_templates("ORDER-2005"), ["receipt"]);
 }
 
 /// Fails on the version that believed any `transaction_status` next to a valid signature: the

@@ -851,7 +851,7 @@ async fn an_expiry_and_a_cancel_the_api_reports_under_other_status_codes_are_app
             "cancel",
             "ORDER-2004",
             "cancelled",
-            "ORDER-2004:cancel:202:accept",
+            "ORDER-2004:cancel:202:accept:efb1accb-2e3d-41b5-8736-7b42b1587836",
         ),
     ] {
         let answer = app.deliver_midtrans(name).await;
@@ -896,6 +896,85 @@ async fn a_deny_the_api_does_not_report_yet_leaves_the_paid_order_alone() {
     );
 }
 
+/// What Midtrans reports for ORDER-2001 once `transaction_id`, another attempt than the bank
+/// transfer that paid it, was denied (status_code 202).
+fn order_2001_denied_for(transaction_id: &str) -> Value {
+    let mut answer: Value = serde_json::from_str(&status_fixture("settlement")).unwrap();
+    answer["transaction_status"] = "deny".into();
+    answer["status_code"] = "202".into();
+    answer["transaction_id"] = transaction_id.into();
+    answer["payment_type"] = "credit_card".into();
+    answer
+}
+
+/// A deny notification for ORDER-2001 naming `transaction_id`, with its own signature.
+fn order_2001_deny_notification(transaction_id: &str) -> Vec<u8> {
+    let mut deny = notification("settlement");
+    deny["transaction_status"] = "deny".into();
+    deny["status_code"] = "202".into();
+    deny["transaction_id"] = transaction_id.into();
+    deny["payment_type"] = "credit_card".into();
+    signed(&deny)
+}
+
+/// The transaction that paid ORDER-2001 in `settlement.json`.
+const ORDER_2001_PAID_BY: &str = "a14f85d4-30ed-4b6e-85f9-0e8ef5208578";
+const ANOTHER_ATTEMPT: &str = "98bef542-10ab-4ef9-928f-fa9a4baff095";
+
+/// Fails on the version that took any deny of a paid order for a reversal.
+#[actix_web::test]
+async fn a_deny_of_another_transaction_the_api_confirms_leaves_the_paid_order_paid() {
+    let midtrans = StandIn::start();
+    midtrans.reports("ORDER-2001", "settlement");
+    let app = spawn_checking_app(&midtrans).await;
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "processed"
+    );
+
+    midtrans.reports_value("ORDER-2001", order_2001_denied_for(ANOTHER_ATTEMPT));
+    let answer = app
+        .notify(&order_2001_deny_notification(ANOTHER_ATTEMPT))
+        .await;
+    assert_eq!(
+        (answer.status, answer.outcome()),
+        (200, "stale"),
+        "{answer:?}"
+    );
+    assert_eq!(app.order_status("ORDER-2001").as_deref(), Some("paid"));
+    assert_eq!(app.outbox_templates("ORDER-2001"), ["receipt"]);
+}
+
+/// The transaction a deny is for is what the API reports, not what the notification says (the
+/// signature does not cover `transaction_id`): a deny naming the paying transaction, which the API
+/// reports as a deny of another attempt, reverses nothing.
+#[actix_web::test]
+async fn a_deny_is_for_the_transaction_the_api_reports_not_the_one_the_notification_names() {
+    let midtrans = StandIn::start();
+    midtrans.reports("ORDER-2001", "settlement");
+    let app = spawn_checking_app(&midtrans).await;
+    assert_eq!(
+        app.deliver_midtrans("settlement").await.outcome(),
+        "processed"
+    );
+
+    midtrans.reports_value("ORDER-2001", order_2001_denied_for(ANOTHER_ATTEMPT));
+    let answer = app
+        .notify(&order_2001_deny_notification(ORDER_2001_PAID_BY))
+        .await;
+    // Believing the notification's transaction_id, this is a reversal: this fails (reversed).
+    assert_eq!(
+        (answer.status, answer.outcome()),
+        (200, "stale"),
+        "{answer:?}"
+    );
+    assert_eq!(app.order_status("ORDER-2001").as_deref(), Some("paid"));
+    assert_eq!(
+        app.texts("SELECT payment_intent_id FROM processed_events ORDER BY rowid"),
+        [ORDER_2001_PAID_BY, ANOTHER_ATTEMPT]
+    );
+}
+
 #[test]
 fn an_echannel_deny_the_api_confirms_after_settlement_is_a_reversal_logged_at_warn() {
     let midtrans = StandIn::start();
@@ -919,7 +998,11 @@ fn an_echannel_deny_the_api_confirms_after_settlement_is_a_reversal_logged_at_wa
         (200, "reversed"),
         "{answer:?}"
     );
-    assert_eq!(answer.body["event_id"], "ORDER-2007:deny:202:accept");
+    // A deny's id names its transaction.
+    assert_eq!(
+        answer.body["event_id"],
+        "ORDER-2007:deny:202:accept:e7a46595-1e02-45e9-813f-be564bfd41eb"
+    );
 
     let db = read_db(&server);
     let status: String = db

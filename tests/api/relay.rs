@@ -653,14 +653,17 @@ async fn a_receipt_after_an_operator_settles_a_mismatch_shows_what_the_customer_
 
 /// Fails on the version that sent the stored address as it was, and subjects with the order
 /// id's line breaks: an address list reached the email API as one recipient string, and a
-/// CR/LF in a subject is a header of its own to some APIs.
+/// CR/LF in a subject is a header of its own to some APIs. The other control characters (TAB,
+/// ESC, NEL U+0085) and the Unicode line separator U+2028 go too (that last one failed on the
+/// version that stripped only control characters).
 #[actix_web::test]
 async fn the_email_api_gets_one_address_and_a_subject_without_line_breaks() {
     let app = spawn_app().await;
     let mock = spawn_mock(always(200)).await;
     let mut event: serde_json::Value =
         serde_json::from_slice(&fixture("stripe/payment_intent.succeeded.json")).unwrap();
-    event["data"]["object"]["metadata"]["order_id"] = "ord_1\r\nBcc: attacker@evil.example".into();
+    event["data"]["object"]["metadata"]["order_id"] =
+        "ord_1\r\n\t\u{1b}[2J\u{85}\u{2028}Bcc: attacker@evil.example".into();
     event["data"]["object"]["receipt_email"] = "ana@example.com".into();
     app.deliver_stripe_body(&serde_json::to_vec(&event).unwrap())
         .await;
@@ -681,7 +684,7 @@ async fn the_email_api_gets_one_address_and_a_subject_without_line_breaks() {
     assert_eq!((seen.to.as_str(), seen.recipients), ("ana@example.com", 1));
     assert_eq!(
         seen.subject,
-        "Payment received for order ord_1Bcc: attacker@evil.example"
+        "Payment received for order ord_1[2JBcc: attacker@evil.example"
     );
     assert!(!seen.subject.contains(['\r', '\n']));
 }

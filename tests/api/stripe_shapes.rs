@@ -105,6 +105,39 @@ async fn a_charge_captured_for_less_than_its_amount_is_fully_refunded_at_the_cap
     assert_eq!(app.outbox_templates("ord_1009"), ["refund_notice"]);
 }
 
+/// Each condition of "fully refunded" alone, end to end: Stripe's `refunded: true` with less
+/// refunded than captured, and `refunded: false` with everything captured (6,000 of 10,000)
+/// refunded.
+#[actix_web::test]
+async fn a_partial_capture_is_fully_refunded_by_the_flag_alone_or_by_the_captured_amount_alone() {
+    let app = spawn_app().await;
+    let fixture: serde_json::Value =
+        serde_json::from_slice(&fixture("stripe/charge.refunded.partial_capture.json")).unwrap();
+    for (order, refunded, amount_refunded) in
+        [("ord_flag", true, 4_000), ("ord_captured", false, 6_000)]
+    {
+        let mut event = fixture.clone();
+        event["id"] = format!("evt_{order}").into();
+        event["data"]["object"]["metadata"]["order_id"] = order.into();
+        event["data"]["object"]["refunded"] = refunded.into();
+        event["data"]["object"]["amount_refunded"] = amount_refunded.into();
+        let answer = app
+            .deliver_stripe_body(&serde_json::to_vec(&event).unwrap())
+            .await;
+        assert_eq!(
+            (answer.status, answer.outcome()),
+            (200, "processed"),
+            "{order}"
+        );
+        assert_eq!(
+            app.order(order),
+            ("refunded".into(), 10_000, amount_refunded),
+            "{order}"
+        );
+        assert_eq!(app.outbox_templates(order), ["refund_notice"], "{order}");
+    }
+}
+
 /// Fails on the version that ignored `charge.succeeded` and found disputes only through a
 /// PaymentIntent: a charge of the Charges API (`payment_intent: null`) never paid its order,
 /// and its dispute was ignored.
