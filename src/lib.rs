@@ -1,14 +1,27 @@
-//! sekali ("once"): receives Stripe and Midtrans payment webhooks and applies each event's
-//! effects exactly once, durably, before answering 2xx.
+//! sekali ("once"): receives payment webhooks (Stripe, Midtrans, Xendit) and applies each
+//! event's effects exactly once, durably, before answering 2xx.
 //!
-//! Layout (the folders are the architecture):
-//! - [`providers`]: pure signature verification and parsing per provider; no HTTP, no SQL.
-//! - [`domain`]: newtypes and the forward-only order state machine.
-//! - [`store`]: every SQL statement, the schema, the single writer thread and the read pool.
-//! - [`routes`]: thin HTTP handlers that map errors onto each provider's retry protocol.
-//! - [`jobs`]: background work (the purge of expired event ids, the outbox relay).
+//! Layout (the folders are the architecture; a delivery walks down them in one line, and nothing
+//! below calls back up):
+//! - [`routes`]: thin HTTP handlers; one generic handler serves `/webhooks/{provider}` and maps
+//!   errors onto each provider's retry protocol.
+//! - [`providers`]: one module per provider behind the [`providers::Provider`] trait, listed in
+//!   [`providers::REGISTRY`]: verify headers + raw body into a [`domain::NormalizedEvent`], sign
+//!   for replay and tests; no HTTP server, no SQL.
+//! - [`domain`]: newtypes, the forward-only order state machine, money, and the pure decision of
+//!   what an event does to its order ([`domain::decide`]).
+//! - [`store`]: the [`store::Store`] and [`store::Maintenance`] interfaces in domain types, and
+//!   each engine in its own folder with all its SQL ([`store::sqlite`]: the schema, the single
+//!   writer thread and the read pool).
+//! - [`jobs`]: background work fed through the store (the purge of expired event ids, the
+//!   outbox relay).
+//! - [`mail`]: rendering emails and the file, SMTP and HTTP transports.
 //! - [`clients`]: outbound HTTP to other services (Midtrans's status API).
-//! - [`startup`]: builds the HTTP server from [`config::Settings`]; tests build it on port 0.
+//! - [`cli`]: the command line (arguments apart from commands); [`mod@bench`] and [`replay`] sign
+//!   deliveries with the same providers the server verifies with.
+//! - [`startup`]: builds the HTTP server from [`config::Settings`] and opens the store; tests
+//!   build it on port 0.
+//! - [`clock`]: injectable time; [`durable`]: directory syncs; [`telemetry`]: logging.
 
 #![forbid(unsafe_code)]
 

@@ -10,7 +10,7 @@
 //! By default each connection sends its next request as soon as the previous answer arrives (a
 //! closed loop: the server's speed sets the rate). `--rate` offers a fixed rate instead, spread
 //! evenly over the connections; a request that goes out late is timed from when it was due
-//! (see [`Pacing`]).
+//! (see `Pacing`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

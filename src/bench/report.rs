@@ -8,12 +8,12 @@ use serde::Serialize;
 pub struct BenchReport {
     pub provider: String,
     pub run_id: String,
-    /// "ascending" or "random": the order of the ids (see [`EventTemplate::with_random_ids`]).
+    /// "ascending" or "random": the order of the ids (see [`super::EventTemplate::with_random_ids`]).
     pub ids: &'static str,
     pub concurrency: usize,
     /// The offered rate (`--rate`), requests per second; absent when every connection sends
     /// as soon as its previous answer arrives. When set, a request that went out late is timed
-    /// from when it was due (see [`Pacing`]).
+    /// from when it was due (see `Pacing` in `bench`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate: Option<f64>,
     pub sent: usize,

@@ -1,5 +1,5 @@
 //! The command line's arguments: what each command takes, its defaults and its checks. What the
-//! commands do is in [`super::commands`].
+//! commands do is in `cli::commands`.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The command line. [`args`] says what each command takes; [`commands`] does it, each command
+//! The command line. [`args`] says what each command takes; `commands` does it, each command
 //! returning a `Result` that [`run`] turns into the process's exit status, printing an error
 //! once, as `error: …`.
 

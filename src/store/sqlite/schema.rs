@@ -18,7 +18,7 @@
 //!    removed in place. `orders.amount_exponent` and `processed_events.parked_event` (a parked
 //!    event, normalised, so that it is applied without its provider) are added in place; parked
 //!    rows written before are given their normalised event at startup
-//!    ([`super::SqliteStore::convert_parked`]).
+//!    ([`super::events::convert_legacy_parked`]).
 
 use rusqlite::{Connection, OptionalExtension};
 
