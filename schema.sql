@@ -1,13 +1,15 @@
 -- sekali schema, version 5 (PRAGMA user_version = 5).
 --
--- Applied at startup, idempotently, by src/store/schema.rs, which embeds this file in the binary.
+-- Applied at startup, idempotently, by src/store/sqlite/schema.rs, which embeds this file in the
+-- binary.
 -- Table and column names are part of sekali's interface: operators query them with sqlite3.
 -- Every timestamp is ISO-8601 UTC text, YYYY-MM-DDTHH:MM:SSZ: fixed width, so it sorts as text.
 -- Amounts are integers in minor units of their currency: Stripe's amount as sent (Stripe's own
--- exponents: JPY 5000 is 5,000 yen), Midtrans "10000.00" -> 1000000 (ISO 4217: IDR has two).
+-- exponents: JPY 5000 is 5,000 yen), Midtrans "10000.00" -> 1000000 and Xendit 150000 (main
+-- units) -> 15000000 (ISO 4217: IDR has two).
 -- CHECKs over more than two values are OR chains, not IN lists: for an IN list of three or more
 -- constants SQLite builds a temporary B-tree on every row it checks, which cost a fifth of the
--- writer's time (version 1 had IN lists; src/store/schema.rs rewrites them in place).
+-- writer's time (version 1 had IN lists; src/store/sqlite/schema.rs rewrites them in place).
 
 -- One row per (provider, event id) ever claimed and not yet purged: the deduplication record.
 -- A row exists if and only if the event's effects were committed in the same transaction.
@@ -15,23 +17,28 @@ CREATE TABLE IF NOT EXISTS processed_events (
     -- The provider's name (stripe, midtrans, xendit): any the registry knows, so not listed in
     -- a CHECK (versions before 5 listed stripe and midtrans).
     provider          TEXT NOT NULL,
-    -- Stripe's evt_... id, or the derived Midtrans id
-    -- order_id:transaction_status:status_code[:fraud_status][:refund identity], each part with
-    -- '\' and ':' escaped as '\\' and '\:' (see src/providers/midtrans.rs).
+    -- Stripe's evt_... id; the derived Midtrans id
+    -- order_id:transaction_status:status_code[:fraud_status][:refund identity | :transaction_id],
+    -- each part with '\' and ':' escaped as '\\' and '\:' (see src/providers/midtrans.rs);
+    -- Xendit's webhook-id header, else {invoice id}:{STATUS} (see src/providers/xendit.rs).
     event_id          TEXT NOT NULL,
-    -- Stripe's event type; Midtrans' transaction_status.
+    -- Stripe's event type; Midtrans' transaction_status; for Xendit, invoice. and the status in
+    -- lower case (invoice.paid).
     event_type        TEXT NOT NULL,
-    -- The order the event concerned, once known (NULL for ignored and parked events).
+    -- The order the event names or was found through its payment, ignored events included. NULL
+    -- when it names none, or while its payment is linked to no order (parked events, until
+    -- applied).
     order_id          TEXT,
     -- processed: effects applied (possibly none, when the status was already reached);
-    -- stale: would have moved the order backwards, changed nothing;
+    -- stale: would have moved the order backwards (or reports no new refund), changed nothing;
     -- ignored: an event type sekali does not act on, or no order reference;
-    -- parked: a charge or dispute whose PaymentIntent is not linked to an order yet; applied
+    -- parked: a Stripe charge or dispute whose payment is not linked to an order yet; applied
     --         (and its outcome updated) in the transaction that first links it.
     -- amount_mismatch: a payment for an order created through the API whose amount or currency
     --         differs from the order's; the order went to needs_review instead of paid.
-    -- reversed: the provider reversed a payment already applied (Midtrans deny or cancel after
-    --         settlement); the order went from paid to needs_review, and no email was queued.
+    -- reversed: the provider reversed the payment that paid the order (a Midtrans deny or cancel
+    --         of that transaction after its settlement); the order went from paid to
+    --         needs_review, and no email was queued.
     outcome           TEXT NOT NULL CHECK (outcome = 'processed' OR outcome = 'stale'
                           OR outcome = 'ignored' OR outcome = 'parked'
                           OR outcome = 'amount_mismatch' OR outcome = 'reversed'),
@@ -40,8 +47,8 @@ CREATE TABLE IF NOT EXISTS processed_events (
     -- rows), and a redelivery after it is treated as a new event.
     expires_at        TEXT NOT NULL,
     -- The payment the event refers to, if any: a Stripe PaymentIntent (pi_...), or for a charge
-    -- made with the Charges API, which has none, the charge (ch_...). How parked events find
-    -- their order.
+    -- made with the Charges API, which has none, the charge (ch_...); a Midtrans transaction_id.
+    -- How parked events find their order.
     payment_intent_id TEXT,
     -- The raw request body exactly as received and verified.
     payload           TEXT NOT NULL,
@@ -62,9 +69,10 @@ CREATE INDEX IF NOT EXISTS processed_events_parked
 CREATE TABLE IF NOT EXISTS orders (
     order_id          TEXT PRIMARY KEY NOT NULL,
     provider          TEXT NOT NULL,
-    -- Forward-only: pending -> paid | failed | cancelled | expired; failed -> paid | cancelled
-    -- | expired;
-    -- paid -> partially_refunded | refunded | disputed; partially_refunded -> refunded | disputed.
+    -- Forward-only (src/domain/order.rs): pending -> paid | failed | cancelled | expired |
+    -- needs_review; failed -> paid | cancelled | expired | needs_review; expired -> paid |
+    -- needs_review; paid -> partially_refunded | refunded | disputed; partially_refunded ->
+    -- refunded | disputed; and a reversal, paid -> needs_review (src/domain/decision.rs).
     -- needs_review: a payment did not match an API order's amount or currency, or a paid order's
     -- payment was reversed; only an operator moves it on (sekali orders set-status).
     status            TEXT NOT NULL CHECK (status = 'pending' OR status = 'paid'
@@ -75,8 +83,9 @@ CREATE TABLE IF NOT EXISTS orders (
     refunded_amount   INTEGER NOT NULL DEFAULT 0,
     currency          TEXT,
     customer_email    TEXT,
-    -- The first Stripe payment linked to the order, a PaymentIntent or a Charges API charge (all
-    -- of them: order_payment_intents).
+    -- The payment that paid the order, else the first one linked to it: a Stripe PaymentIntent
+    -- or Charges API charge, a Midtrans transaction_id (all of them: order_payment_intents). A
+    -- reversal must name it.
     payment_intent_id TEXT,
     created_at        TEXT NOT NULL,
     updated_at        TEXT NOT NULL,
@@ -116,9 +125,9 @@ CREATE TABLE IF NOT EXISTS order_transitions (
 );
 
 
--- Every Stripe payment seen with an order, a PaymentIntent (pi_...) or, for charges made with the
--- Charges API, which have none, the charge (ch_...); charges and disputes that carry no order id
--- are resolved through it.
+-- Every payment seen with an order: a Stripe PaymentIntent (pi_...) or, for charges made with
+-- the Charges API, which have none, the charge (ch_...); a Midtrans transaction_id. Stripe
+-- charges and disputes that carry no order id are resolved through it.
 CREATE TABLE IF NOT EXISTS order_payment_intents (
     payment_intent_id TEXT PRIMARY KEY NOT NULL,
     order_id          TEXT NOT NULL REFERENCES orders (order_id)

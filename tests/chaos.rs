@@ -19,7 +19,7 @@
 //!   `sent` means the file is written again: the documented at-least-once resend).
 //!
 //! Sizes: `SEKALI_CHAOS_EVENTS` (default 3000) and `SEKALI_CHAOS_KILLS` (default 10); the large
-//! run in the README uses 20000 and 100 on a release build.
+//! run in docs/reliability.md ("Crash chaos") uses 20000 and 100 on a release build.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

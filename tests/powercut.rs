@@ -827,10 +827,10 @@ mod serve {
     /// Sends every request (shuffled, a third again as racing redeliveries) from 8 sender
     /// threads, each retrying what is not acknowledged for a second, while `cuts` power cuts
     /// hit the server, evenly spread. After each cut, before the restart, every acknowledgement
-    /// from before it must be in what the cut left (see [`AfterCut::missing`]). Then, as the
-    /// README says, everything not acknowledged is sent again until it is, and a quarter of what
-    /// was acknowledged once more, which must be answered as before; no answer of the whole run
-    /// may contradict an acknowledgement (see [`send`]).
+    /// from before it must be in what the cut left (see [`AfterCut::missing`]). Then, as
+    /// docs/reliability.md says, everything not acknowledged is sent again until it is, and a
+    /// quarter of what was acknowledged once more, which must be answered as before; no answer
+    /// of the whole run may contradict an acknowledgement (see [`send`]).
     pub fn load_with_cuts(
         mount: &LossyMount,
         server: &Arc<Mutex<Server>>,

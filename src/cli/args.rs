@@ -12,7 +12,7 @@ use crate::config;
 #[command(
     name = "sekali",
     version,
-    about = "Exactly-once Stripe and Midtrans webhook receiver on SQLite"
+    about = "Exactly-once Stripe, Midtrans and Xendit webhook receiver on SQLite"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -375,7 +375,7 @@ pub struct BenchArgs {
     pub rate: Option<f64>,
     /// Give events, PaymentIntents and orders ids in random order instead of ascending, as a
     /// shop with random (UUIDv4) order ids would see: several times the bytes written per
-    /// delivery (see the README's Performance section).
+    /// delivery (see docs/performance.md, "Sizing your own deployment").
     #[arg(long)]
     pub random_ids: bool,
     /// Send a delivery answered 5xx (a full queue's 503, say) again after its Retry-After (1 s

@@ -1,11 +1,13 @@
 //! The forward-only order state machine.
 //!
-//! Arrows: pending → paid | failed | cancelled | expired; failed → paid | cancelled | expired;
-//! paid → partially_refunded | refunded | disputed; partially_refunded → refunded | disputed.
-//! A move is *forward* when the target is reachable along the arrows; everything else is
-//! backwards and is recorded as `stale` without changing the order. Because every lifecycle is a
-//! path along these arrows, applying its events in any order ends in the same status as applying
-//! them in order.
+//! Arrows: pending → paid | failed | cancelled | expired | needs_review; failed → paid |
+//! cancelled | expired | needs_review; expired → paid | needs_review; paid → partially_refunded |
+//! refunded | disputed; partially_refunded → refunded | disputed. A move is *forward* when the
+//! target is reachable along the arrows; everything else is backwards and is recorded as `stale`
+//! without changing the order. One move off the arrows is decided in `domain::decision`: the
+//! reversal of the payment that paid an order (paid → needs_review). Because every lifecycle is
+//! a path along these arrows, applying its events in any order ends in the same status as
+//! applying them in order.
 
 use std::fmt;
 use std::str::FromStr;
@@ -21,8 +23,9 @@ pub enum OrderStatus {
     PartiallyRefunded,
     Refunded,
     Disputed,
-    /// A payment did not match an API order's amount or currency. Only an operator moves the
-    /// order on; webhooks on it are stale.
+    /// A payment did not match an API order's amount or currency, or the provider reversed the
+    /// payment that paid the order. Only an operator moves the order on; webhooks on it are
+    /// stale.
     NeedsReview,
 }
 
@@ -74,7 +77,7 @@ impl OrderStatus {
 
     /// True when `target` is reachable from `self` along one or more arrows.
     pub fn can_move_forward_to(self, target: OrderStatus) -> bool {
-        // The graph is acyclic and has eight nodes: a depth-first walk is cheaper than a table
+        // The graph is acyclic and has nine nodes: a depth-first walk is cheaper than a table
         // that has to be kept in sync with the arrows above.
         self.successors()
             .iter()

@@ -13,8 +13,8 @@ use crate::store::{Purged, Store};
 /// took (queueing included) before asking for the next. Deliveries queued behind a batch wait
 /// for that one batch only, and during a long pass they get at least about half of the
 /// writer's time. Back to back, a pass of 5,000-row batches let through at most about one
-/// delivery per client connection per batch, and the p99 of a soak rose to 267 ms (see the
-/// README's soak).
+/// delivery per client connection per batch, and the p99 of a soak rose to 267 ms (see
+/// docs/dev/history.md, "The purge and the soak").
 pub async fn run_purge_job(
     store: std::sync::Arc<dyn Store>,
     interval: Duration,
