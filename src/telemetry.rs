@@ -95,22 +95,3 @@ impl std::fmt::Display for ErrorChain<'_> {
         f.write_str(&line)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::ErrorChain;
-    use crate::store::{StoreError, WriteError};
-
-    #[test]
-    fn an_error_chain_keeps_sqlites_extended_code_and_repeats_no_cause() {
-        let io = rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
-            Some("disk I/O error".into()),
-        );
-        let error = WriteError::Store(StoreError::Sqlite(io));
-        let line = ErrorChain(&error).to_string();
-        // The two transparent wrappers add nothing; SQLite's own error then names its extended
-        // code (1034, SQLITE_IOERR_FSYNC), not nested Debug (`Store(Sqlite(SqliteFailure(…)))`).
-        assert_eq!(line, "disk I/O error: Error code 1034: disk I/O error");
-    }
-}

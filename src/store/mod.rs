@@ -216,3 +216,22 @@ pub trait Maintenance {
     /// contain `marker`.
     fn run_counts(&self, marker: &str) -> Result<RunCounts, StoreError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{StoreError, WriteError};
+    use crate::telemetry::ErrorChain;
+
+    #[test]
+    fn a_logged_store_error_keeps_sqlites_extended_code_and_repeats_no_cause() {
+        let io = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
+            Some("disk I/O error".into()),
+        );
+        let error = WriteError::Store(StoreError::Sqlite(io));
+        let line = ErrorChain(&error).to_string();
+        // The two transparent wrappers add nothing; SQLite's own error then names its extended
+        // code (1034, SQLITE_IOERR_FSYNC), not nested Debug (`Store(Sqlite(SqliteFailure(…)))`).
+        assert_eq!(line, "disk I/O error: Error code 1034: disk I/O error");
+    }
+}
