@@ -159,6 +159,7 @@ macro_rules! conformance_suite {
                 orders_page_in_order_id_order_after_a_cursor_and_by_status,
                 a_missing_order_or_outbox_row_reads_as_none,
                 events_are_listed_newest_first_by_provider_up_to_the_limit,
+                an_event_claimed_again_after_its_retention_is_listed_as_the_newest,
                 the_outbox_is_listed_newest_first_by_status,
                 the_store_answers_its_health_check,
                 stats_count_transactions_deliveries_and_relay_work,
@@ -1871,6 +1872,32 @@ mod suite {
         assert_eq!(
             (newest.provider.as_str(), newest.received_at.as_str()),
             ("xendit", iso_seconds(T0 + 3).as_str())
+        );
+    }
+
+    /// A delivery claimed again once its retention ran out is the newest arrival, and is
+    /// listed first, not where its expired claim was.
+    pub async fn an_event_claimed_again_after_its_retention_is_listed_as_the_newest(t: Ctx) {
+        let short = || ev("evt_1").order("ord_1").to(Pending).retention(60);
+        t.record(short()).await;
+        t.advance(1);
+        t.record(ev("evt_2").order("ord_1").to(Pending)).await;
+        t.advance(60);
+        assert_eq!(t.record(short()).await, Outcome::Processed);
+
+        let listed: Vec<(String, String)> = t
+            .ops
+            .events(None, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.event_id, e.received_at))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("evt_1".to_owned(), iso_seconds(T0 + 61)),
+                ("evt_2".to_owned(), iso_seconds(T0 + 1)),
+            ]
         );
     }
 
