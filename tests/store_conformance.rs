@@ -134,6 +134,7 @@ macro_rules! conformance_suite {
                 // parked resolution
                 an_event_for_an_unlinked_payment_is_parked_until_the_payment_is_linked,
                 the_link_applies_every_parked_event_of_the_payment_oldest_first,
+                a_stale_event_still_links_its_payment_and_frees_what_waited_for_it,
                 // purge
                 purge_batches_delete_expired_ids_and_keys_up_to_the_limit,
                 the_purge_keeps_live_ids_parked_events_orders_and_emails,
@@ -1157,6 +1158,24 @@ mod suite {
         );
     }
 
+    /// The link is made whatever the linking event decides: a stale event that ties the payment
+    /// to its order still applies the events parked for it.
+    pub async fn a_stale_event_still_links_its_payment_and_frees_what_waited_for_it(t: Ctx) {
+        t.record(paid("evt_paid", "ord_9")).await;
+        let dispute = ev("evt_dispute").via_payment("pi_9", true).to(Disputed);
+        assert_eq!(t.record(dispute).await, Outcome::Parked);
+        let late = ev("evt_processing")
+            .kind("payment_intent.processing")
+            .order("ord_9")
+            .payment("pi_9")
+            .to(Pending);
+        assert_eq!(t.record(late).await, Outcome::Stale);
+        let order = t.order("ord_9").await.unwrap();
+        assert_eq!(order.status, "disputed");
+        assert_eq!(order.payment_intent_id.as_deref(), Some("pi_9"));
+        assert_eq!(t.outcome_of("evt_dispute"), "processed");
+    }
+
     // --- purge -------------------------------------------------------------------------------
 
     /// Five ids and three idempotency keys that expire at T0 + 60, two ids and a key that live
@@ -1592,7 +1611,18 @@ mod suite {
         );
         assert_eq!(t.row(held).status, "sent");
         assert_eq!(t.row(unclaimed).status, "pending");
-        // Recorded once: the lease ended with it.
+        // Recorded once: the lease ended with it, in the same batch too.
+        t.advance(LEASE_MS as u64 / 1000);
+        assert_eq!(t.claim("relay-a", 10).await.len(), 1);
+        assert_eq!(
+            t.results(
+                "relay-a",
+                &[(unclaimed, SendOutcome::Sent), (unclaimed, failed(None))]
+            )
+            .await,
+            [true, false]
+        );
+        assert_eq!(t.row(unclaimed).status, "sent");
         assert_eq!(t.results("relay-a", &[(held, failed(None))]).await, [false]);
         assert_eq!(t.row(held).status, "sent");
     }
