@@ -135,6 +135,7 @@ macro_rules! conformance_suite {
                 an_event_for_an_unlinked_payment_is_parked_until_the_payment_is_linked,
                 the_link_applies_every_parked_event_of_the_payment_oldest_first,
                 a_stale_event_still_links_its_payment_and_frees_what_waited_for_it,
+                stripe_deliveries_out_of_order_end_where_they_would_in_order,
                 // purge
                 purge_batches_delete_expired_ids_and_keys_up_to_the_limit,
                 the_purge_keeps_live_ids_parked_events_orders_and_emails,
@@ -350,6 +351,16 @@ fn create(client: &str, key: &str, fingerprint: &str, order: NewOrder) -> Create
         order,
         respond: Box::new(respond_with),
     }
+}
+
+/// A Stripe fixture as the provider parses it, with its body.
+fn stripe_fixture(name: &str) -> (NormalizedEvent, String) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/stripe")
+        .join(format!("{name}.json"));
+    let body = std::fs::read_to_string(&path).expect("the fixture");
+    let event = sekali::providers::stripe::parse_event(body.as_bytes()).expect("a Stripe event");
+    (event, body)
 }
 
 fn status_of(view: &OrderView) -> OrderStatus {
@@ -1181,6 +1192,37 @@ mod suite {
         assert_eq!(order.status, "disputed");
         assert_eq!(order.payment_intent_id.as_deref(), Some("pi_9"));
         assert_eq!(t.outcome_of("evt_dispute"), "processed");
+    }
+
+    /// Real Stripe deliveries, parsed by the provider: a partial refund that arrives before the
+    /// payment it refunds is parked, the payment applies it, and each body is kept byte for
+    /// byte.
+    pub async fn stripe_deliveries_out_of_order_end_where_they_would_in_order(t: Ctx) {
+        let refund = stripe_fixture("charge.refunded.partial");
+        let payment = stripe_fixture("payment_intent.succeeded");
+        assert_eq!(
+            t.store.record(refund.0, refund.1.clone()).await.unwrap(),
+            Outcome::Parked
+        );
+        assert_eq!(
+            t.store.record(payment.0, payment.1.clone()).await.unwrap(),
+            Outcome::Processed
+        );
+
+        let order = t.order("ord_1001").await.unwrap();
+        assert_eq!(
+            (order.status.as_str(), order.refunded_amount, order.amount),
+            ("partially_refunded", 1000, Some(2500))
+        );
+        assert_eq!(t.templates("ord_1001"), ["receipt", "refund_notice"]);
+        let stored_refund = t.claim_of("stripe", "evt_1QA0003refundpartial01");
+        assert_eq!(stored_refund.summary.outcome, "processed");
+        assert_eq!(stored_refund.summary.order_id.as_deref(), Some("ord_1001"));
+        assert_eq!(stored_refund.payload, refund.1);
+        assert_eq!(
+            t.claim_of("stripe", "evt_1QA0002succeeded000001").payload,
+            payment.1
+        );
     }
 
     // --- purge -------------------------------------------------------------------------------
