@@ -42,6 +42,8 @@ pub fn record_event_and_apply(
 
     // The claim. A row whose retention has run out counts as absent even before the purge
     // removes it, so the contract "a delivery older than the retention is new" holds exactly.
+    // Claimed again, it takes a new rowid: listings go by rowid as arrival order, and the new
+    // claim is the newest arrival.
     let claimed = db
         .prepare(
             "INSERT INTO processed_events
@@ -52,7 +54,8 @@ pub fn record_event_and_apply(
                  event_type = excluded.event_type, order_id = excluded.order_id,
                  outcome = excluded.outcome, received_at = excluded.received_at,
                  expires_at = excluded.expires_at, payment_intent_id = excluded.payment_intent_id,
-                 payload = excluded.payload
+                 payload = excluded.payload,
+                 rowid = (SELECT max(rowid) FROM processed_events) + 1
              WHERE processed_events.expires_at <= excluded.received_at",
         )?
         .execute(params![

@@ -1,0 +1,2251 @@
+//! The storage-engine conformance suite: what every engine behind [`Store`] and [`Maintenance`]
+//! must do, asserted through those two interfaces only.
+//!
+//! One suite, run against every engine (the pattern of River's `riverdrivertest`). The tests in
+//! [`suite`] know nothing of any engine: each gets a fresh, empty database from an [`Engine`]
+//! harness, with a [`ManualClock`] the store reads "now" from, so that retention, expiry and
+//! leases are tested by moving the clock rather than by sleeping. [`conformance_suite!`] turns
+//! every test into a `#[test]` for one engine:
+//!
+//! ```ignore
+//! conformance_suite!(sqlite, SqliteEngine);
+//! ```
+//!
+//! A new engine is done when it implements [`Engine`] and its one `conformance_suite!` line
+//! passes, with nothing above the engine section of this file changed. Nothing outside that
+//! section may name an engine, its types, or SQL.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use sekali::clock::{iso_millis, iso_seconds, Clock, ManualClock, SharedClock};
+use sekali::domain::{
+    EmailAddress, NormalizedEvent, OrderRef, OrderStatus, ProviderName, StatusChange,
+};
+use sekali::store::{
+    ClaimRequest, ClaimedEmail, CreateOrder, IdempotentOutcome, Maintenance, NewOrder, OrderQuery,
+    OrderView, OutboxRow, Outcome, Purged, SendOutcome, SendResult, SetStatusError, Store,
+    StoreError, StoredResponse,
+};
+use serde_json::{json, Value};
+
+// ------------------------------------------------------------------------------------------
+// The harness: what an engine provides, and what every test gets.
+// ------------------------------------------------------------------------------------------
+
+/// An engine under test. Each test makes its own with [`Engine::new`] and opens one database.
+pub trait Engine {
+    /// A place for one test's database (a temporary directory, a schema, a database name).
+    fn new() -> Self
+    where
+        Self: Sized;
+
+    /// Opens a fresh, empty database: the server's [`Store`], which takes "now" from `clock`,
+    /// and an operator's [`Maintenance`] connection to the same database.
+    fn open(&self, clock: SharedClock) -> (Arc<dyn Store>, Box<dyn Maintenance>);
+
+    /// Where [`Maintenance::backup`] may write a copy (nothing there yet).
+    fn backup_path(&self) -> PathBuf;
+
+    /// A [`Maintenance`] over the copy [`Maintenance::backup`] wrote at `path`, or `None` when
+    /// the engine's copies cannot be opened by a test (the backup test then checks the report
+    /// only, and says so).
+    fn open_backup(&self, path: &Path) -> Option<Box<dyn Maintenance>>;
+}
+
+/// Where every test's clock starts: 2026-01-01T00:00:00Z.
+const T0: i64 = 1_767_225_600;
+/// The retention of the events the tests build, unless they set one.
+const RETENTION_SECS: u64 = 3 * 24 * 3600;
+/// The relays' lease.
+const LEASE_MS: i64 = 30_000;
+/// The idempotency keys' retention, unless a test sets one.
+const KEY_RETENTION_SECS: i64 = 24 * 3600;
+const ALL: u32 = 1000;
+
+/// What a test gets: the store, an operator's connection to the same database, the clock the
+/// store reads, and its engine (for the backup).
+pub struct Ctx {
+    store: Arc<dyn Store>,
+    ops: Box<dyn Maintenance>,
+    clock: Arc<ManualClock>,
+    engine: Rc<dyn Engine>,
+}
+
+/// Runs one test of the suite against a fresh database of `E`, then shuts the store down (from
+/// this synchronous context: [`Store::shutdown`] blocks).
+fn run<E, F, Fut>(test: F)
+where
+    E: Engine + 'static,
+    F: FnOnce(Ctx) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let engine: Rc<dyn Engine> = Rc::new(E::new());
+    let clock = ManualClock::new(T0);
+    let (store, ops) = engine.open(clock.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(test(Ctx {
+        store: store.clone(),
+        ops,
+        clock,
+        engine: engine.clone(),
+    }));
+    store.shutdown();
+}
+
+/// Instantiates every test of [`suite`] for one engine: `conformance_suite!(module, Engine)`.
+/// A test function left out of this list is dead code, which the lints refuse.
+macro_rules! conformance_suite {
+    ($module:ident, $engine:ty) => {
+        mod $module {
+            use super::*;
+
+            conformance_suite!(@tests $engine;
+                // claim
+                a_new_event_is_processed_and_its_claim_is_readable,
+                the_same_event_again_is_a_duplicate_and_changes_nothing,
+                the_same_event_id_from_another_provider_is_another_event,
+                a_claim_holds_until_its_retention_runs_out_and_the_event_is_then_new,
+                a_live_claim_under_the_legacy_id_makes_a_duplicate,
+                a_legacy_id_claimed_for_another_order_or_expired_makes_no_duplicate,
+                concurrent_deliveries_of_one_event_apply_it_once,
+                // every decision persisted
+                the_first_event_of_an_order_creates_it_in_the_reported_status,
+                a_payment_moves_a_pending_order_to_paid_and_queues_a_receipt,
+                a_refund_of_a_paid_order_queues_a_refund_notice,
+                a_failed_payment_queues_a_payment_failed_notice_and_can_still_be_paid,
+                an_older_status_after_a_newer_one_is_stale_and_changes_nothing,
+                the_same_status_again_is_processed_without_a_second_email,
+                a_payment_that_does_not_match_an_api_order_needs_review_without_an_email,
+                refunded_amounts_only_grow,
+                a_reversal_of_a_paid_order_needs_review_without_an_email,
+                an_event_without_a_change_is_ignored_and_recorded,
+                an_event_with_no_order_to_act_on_is_ignored,
+                a_stale_event_still_fills_in_details_the_order_lacked,
+                an_event_naming_a_linked_payment_moves_its_order,
+                // parked resolution
+                an_event_for_an_unlinked_payment_is_parked_until_the_payment_is_linked,
+                the_link_applies_every_parked_event_of_the_payment_oldest_first,
+                a_stale_event_still_links_its_payment_and_frees_what_waited_for_it,
+                stripe_deliveries_out_of_order_end_where_they_would_in_order,
+                // purge
+                purge_batches_delete_expired_ids_and_keys_up_to_the_limit,
+                the_purge_keeps_live_ids_parked_events_orders_and_emails,
+                a_purge_pass_deletes_everything_expired_at_the_time_it_is_given,
+                // idempotency keys
+                a_new_key_creates_the_order_and_stores_the_response,
+                the_same_key_and_request_replays_the_stored_response_byte_for_byte,
+                the_same_key_with_another_request_is_refused_and_creates_nothing,
+                keys_are_scoped_per_client,
+                a_key_for_an_order_id_that_exists_stores_the_answer_for_none,
+                a_key_past_its_retention_is_new_again,
+                concurrent_requests_under_one_key_run_once,
+                // outbox
+                a_claim_takes_the_oldest_due_rows_up_to_its_limit_under_a_lease,
+                a_leased_row_goes_to_no_other_relay_until_the_lease_runs_out,
+                a_result_is_recorded_only_while_its_relay_holds_the_lease,
+                sent_skipped_and_dead_rows_are_never_claimed_again,
+                a_failed_row_is_due_again_at_its_retry_time_and_not_before,
+                an_untried_row_counts_no_attempt,
+                retry_dead_revives_a_dead_row_and_only_a_dead_row,
+                a_claimed_email_carries_its_orders_text_locale,
+                // reads
+                orders_page_in_order_id_order_after_a_cursor_and_by_status,
+                a_missing_order_or_outbox_row_reads_as_none,
+                events_are_listed_newest_first_by_provider_up_to_the_limit,
+                an_event_claimed_again_after_its_retention_is_listed_as_the_newest,
+                the_outbox_is_listed_newest_first_by_status,
+                the_store_answers_its_health_check,
+                stats_count_transactions_deliveries_and_relay_work,
+                run_counts_count_the_rows_of_one_marker,
+                // operator
+                an_operator_can_set_any_status_and_gets_the_previous_one,
+                setting_the_status_of_a_missing_order_is_no_such_order,
+                settling_a_review_as_paid_queues_the_receipt_for_what_was_paid,
+                the_same_change_announced_twice_queues_one_email,
+                // backup
+                a_backup_holds_the_orders_and_events_as_they_were,
+                a_backup_never_overwrites_an_existing_file,
+            );
+        }
+    };
+    (@tests $engine:ty; $($test:ident),+ $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                run::<$engine, _, _>(suite::$test);
+            }
+        )+
+    };
+}
+
+// ------------------------------------------------------------------------------------------
+// Building events and API orders.
+// ------------------------------------------------------------------------------------------
+
+/// A [`NormalizedEvent`] under construction; by default a `stripe` event with no order and no
+/// change, remembered for [`RETENTION_SECS`].
+#[derive(Clone)]
+struct Ev(NormalizedEvent);
+
+fn ev(event_id: &str) -> Ev {
+    Ev(NormalizedEvent {
+        provider: ProviderName::new("stripe").unwrap(),
+        event_id: event_id.into(),
+        event_type: "test.event".into(),
+        order_ref: OrderRef::None,
+        payment_ref: None,
+        change: None,
+        legacy_event_id: None,
+        detail: None,
+        retention: Duration::from_secs(RETENTION_SECS),
+    })
+}
+
+impl Ev {
+    fn provider(mut self, name: &str) -> Self {
+        self.0.provider = ProviderName::new(name).unwrap();
+        self
+    }
+
+    fn kind(mut self, event_type: &str) -> Self {
+        self.0.event_type = event_type.into();
+        self
+    }
+
+    /// Names its order by id.
+    fn order(mut self, order_id: &str) -> Self {
+        self.0.order_ref = OrderRef::OrderId(order_id.into());
+        self
+    }
+
+    /// Names its order only through a payment, as a Stripe charge or dispute does; `park` when
+    /// it must wait for the payment's link rather than be ignored.
+    fn via_payment(mut self, reference: &str, park: bool) -> Self {
+        self.0.order_ref = OrderRef::Payment {
+            reference: reference.into(),
+            park_if_unlinked: park,
+        };
+        self.0.payment_ref = Some(reference.into());
+        self
+    }
+
+    /// Ties the payment `reference` to its order.
+    fn payment(mut self, reference: &str) -> Self {
+        self.0.payment_ref = Some(reference.into());
+        self
+    }
+
+    /// Reports `target` for an order of 1500 usd cents.
+    fn to(mut self, target: OrderStatus) -> Self {
+        self.0.change = Some(StatusChange {
+            target,
+            amount: Some(1500),
+            exponent: Some(2),
+            paid_amount: None,
+            refunded_amount: None,
+            currency: Some("usd".into()),
+            customer_email: None,
+            reverses_payment: false,
+        });
+        self
+    }
+
+    fn change(mut self, adjust: impl FnOnce(&mut StatusChange)) -> Self {
+        adjust(self.0.change.as_mut().expect("`to` first"));
+        self
+    }
+
+    fn paid(self, amount: i64) -> Self {
+        self.change(|c| c.paid_amount = Some(amount))
+    }
+
+    fn refunded(self, amount: i64) -> Self {
+        self.change(|c| c.refunded_amount = Some(amount))
+    }
+
+    fn currency(self, currency: &str) -> Self {
+        self.change(|c| c.currency = Some(currency.into()))
+    }
+
+    fn no_amount(self) -> Self {
+        self.change(|c| c.amount = None)
+    }
+
+    fn email(self, address: &str) -> Self {
+        self.change(|c| c.customer_email = Some(EmailAddress::parse(address).unwrap()))
+    }
+
+    fn reverses(self) -> Self {
+        self.change(|c| c.reverses_payment = true)
+    }
+
+    fn retention(mut self, secs: u64) -> Self {
+        self.0.retention = Duration::from_secs(secs);
+        self
+    }
+
+    fn legacy(mut self, legacy_event_id: &str) -> Self {
+        self.0.legacy_event_id = Some(legacy_event_id.into());
+        self
+    }
+}
+
+/// The raw body stored with an event built here.
+fn payload_of(event: &NormalizedEvent) -> String {
+    json!({"id": event.event_id, "type": event.event_type}).to_string()
+}
+
+/// A payment of 1500 usd for `order_id`, to `sari@toko.example`.
+fn paid(event_id: &str, order_id: &str) -> Ev {
+    ev(event_id)
+        .kind("payment_intent.succeeded")
+        .order(order_id)
+        .to(OrderStatus::Paid)
+        .paid(1500)
+        .email("sari@toko.example")
+}
+
+fn new_order(order_id: &str) -> NewOrder {
+    NewOrder {
+        order_id: order_id.into(),
+        amount: 1500,
+        currency: "usd".into(),
+        provider: "stripe".into(),
+        exponent: 2,
+        customer_email: Some("budi@toko.example".into()),
+        metadata: Some(r#"{"cart":"c-1"}"#.into()),
+    }
+}
+
+/// The response the tests' `respond` stores: 201 with the order, or 409 without one.
+fn respond_with(view: Option<&OrderView>) -> StoredResponse {
+    match view {
+        Some(view) => StoredResponse {
+            status: 201,
+            content_type: "application/json".into(),
+            body: serde_json::to_string(view).unwrap(),
+        },
+        None => StoredResponse {
+            status: 409,
+            content_type: "application/problem+json".into(),
+            body: r#"{"title":"the order exists"}"#.into(),
+        },
+    }
+}
+
+fn create(client: &str, key: &str, fingerprint: &str, order: NewOrder) -> CreateOrder {
+    CreateOrder {
+        client: client.into(),
+        key: key.into(),
+        fingerprint: fingerprint.into(),
+        retention_secs: KEY_RETENTION_SECS,
+        order,
+        respond: Box::new(respond_with),
+    }
+}
+
+/// A Stripe fixture as the provider parses it, with its body.
+fn stripe_fixture(name: &str) -> (NormalizedEvent, String) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/stripe")
+        .join(format!("{name}.json"));
+    let body = std::fs::read_to_string(&path).expect("the fixture");
+    let event = sekali::providers::stripe::parse_event(body.as_bytes()).expect("a Stripe event");
+    (event, body)
+}
+
+fn status_of(view: &OrderView) -> OrderStatus {
+    view.status.parse().expect("a known status")
+}
+
+fn params(row: &OutboxRow) -> Value {
+    serde_json::from_str(&row.params).expect("params are JSON")
+}
+
+// ------------------------------------------------------------------------------------------
+// What the tests do through the interfaces.
+// ------------------------------------------------------------------------------------------
+
+impl Ctx {
+    async fn record(&self, event: Ev) -> Outcome {
+        let payload = payload_of(&event.0);
+        self.record_with(event, payload).await
+    }
+
+    async fn record_with(&self, event: Ev, payload: String) -> Outcome {
+        self.store
+            .record(event.0, payload)
+            .await
+            .expect("the delivery commits")
+    }
+
+    async fn create(&self, request: CreateOrder) -> IdempotentOutcome {
+        self.store
+            .create_order(request)
+            .await
+            .expect("the request commits")
+    }
+
+    /// Creates the API order `order` under a key of its own.
+    async fn create_api_order(&self, order: NewOrder) -> OrderView {
+        let key = format!("key-{}", order.order_id);
+        let order_id = order.order_id.clone();
+        let outcome = self.create(create("shop", &key, "fp", order)).await;
+        assert!(
+            matches!(&outcome, IdempotentOutcome::Fresh(r) if r.status == 201),
+            "{outcome:?}"
+        );
+        self.order(&order_id).await.expect("the order was created")
+    }
+
+    async fn order(&self, order_id: &str) -> Option<OrderView> {
+        self.store
+            .order(order_id.into())
+            .await
+            .expect("the order is read")
+    }
+
+    /// An order's status and refunded amount.
+    async fn refund_state(&self, order_id: &str) -> (String, i64) {
+        let order = self.order(order_id).await.expect("the order exists");
+        (order.status, order.refunded_amount)
+    }
+
+    async fn status(&self, order_id: &str) -> OrderStatus {
+        let view = self.order(order_id).await;
+        status_of(
+            view.as_ref()
+                .unwrap_or_else(|| panic!("no order {order_id}")),
+        )
+    }
+
+    async fn all_orders(&self) -> Vec<OrderView> {
+        self.store
+            .orders(OrderQuery {
+                status: None,
+                after: None,
+                limit: ALL,
+            })
+            .await
+            .unwrap()
+    }
+
+    /// The one stored claim of `event_id` by `provider`.
+    fn claim_of(&self, provider: &str, event_id: &str) -> sekali::store::EventDetail {
+        let mut found = self.ops.find_events(event_id, Some(provider)).unwrap();
+        assert_eq!(found.len(), 1, "{provider} {event_id}: {found:?}");
+        found.remove(0)
+    }
+
+    fn outcome_of(&self, event_id: &str) -> String {
+        self.claim_of("stripe", event_id).summary.outcome
+    }
+
+    /// Every outbox row, oldest first.
+    fn outbox(&self) -> Vec<OutboxRow> {
+        let mut rows = self.ops.outbox(None, ALL).unwrap();
+        rows.reverse();
+        rows
+    }
+
+    /// The outbox rows of one order, oldest first.
+    fn emails(&self, order_id: &str) -> Vec<OutboxRow> {
+        self.outbox()
+            .into_iter()
+            .filter(|row| row.order_id == order_id)
+            .collect()
+    }
+
+    fn templates(&self, order_id: &str) -> Vec<String> {
+        self.emails(order_id)
+            .into_iter()
+            .map(|row| row.template)
+            .collect()
+    }
+
+    fn row(&self, id: i64) -> OutboxRow {
+        self.ops
+            .outbox_row(id)
+            .unwrap()
+            .unwrap_or_else(|| panic!("no outbox row {id}"))
+    }
+
+    async fn claim(&self, owner: &str, limit: usize) -> Vec<ClaimedEmail> {
+        self.store
+            .claim_outbox(ClaimRequest {
+                owner: owner.into(),
+                lease_ms: LEASE_MS,
+                limit,
+            })
+            .await
+            .expect("the claim commits")
+    }
+
+    async fn results(&self, owner: &str, results: &[(i64, SendOutcome)]) -> Vec<bool> {
+        let results = results
+            .iter()
+            .map(|(id, outcome)| SendResult {
+                id: *id,
+                outcome: outcome.clone(),
+            })
+            .collect();
+        self.store
+            .record_outbox_results(owner.into(), results)
+            .await
+            .expect("the results commit")
+    }
+
+    /// Everything the interfaces show of the database: orders, events with their payloads, and
+    /// the outbox.
+    async fn snapshot(&self) -> Value {
+        let events = self.ops.events(None, ALL).unwrap();
+        let details: Vec<_> = events
+            .iter()
+            .map(|e| {
+                self.ops
+                    .find_events(&e.event_id, Some(&e.provider))
+                    .unwrap()
+            })
+            .collect();
+        json!({
+            "orders": self.all_orders().await,
+            "events": events,
+            "details": details,
+            "outbox": self.ops.outbox(None, ALL).unwrap(),
+        })
+    }
+
+    fn advance(&self, secs: u64) {
+        self.clock.advance(Duration::from_secs(secs));
+    }
+
+    fn now(&self) -> i64 {
+        self.clock.now_unix()
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.clock.now_millis()
+    }
+}
+
+fn failed(retry_at_ms: Option<i64>) -> SendOutcome {
+    SendOutcome::Failed {
+        error: "550 mailbox unavailable".into(),
+        retry_at_ms,
+    }
+}
+
+fn untried(retry_at_ms: Option<i64>) -> SendOutcome {
+    SendOutcome::Untried {
+        error: "transport unavailable".into(),
+        retry_at_ms,
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The suite. Each test is a sentence, asserted through the interfaces only.
+// ------------------------------------------------------------------------------------------
+
+mod suite {
+    use super::*;
+    use OrderStatus::*;
+
+    // --- claim ---------------------------------------------------------------------------
+
+    /// A new event is processed, and its claim is stored with what was received: provider, id,
+    /// type, order, outcome, when, until when, the payment and the body.
+    pub async fn a_new_event_is_processed_and_its_claim_is_readable(t: Ctx) {
+        let event = paid("evt_1", "ord_1").payment("pi_1");
+        let payload = payload_of(&event.0);
+        assert_eq!(t.record(event).await, Outcome::Processed);
+
+        let claim = t.claim_of("stripe", "evt_1");
+        assert_eq!(claim.summary.provider, "stripe");
+        assert_eq!(claim.summary.event_id, "evt_1");
+        assert_eq!(claim.summary.event_type, "payment_intent.succeeded");
+        assert_eq!(claim.summary.order_id.as_deref(), Some("ord_1"));
+        assert_eq!(claim.summary.outcome, "processed");
+        assert_eq!(claim.summary.received_at, iso_seconds(T0));
+        assert_eq!(
+            claim.summary.expires_at,
+            iso_seconds(T0 + RETENTION_SECS as i64)
+        );
+        assert_eq!(claim.payment_intent_id.as_deref(), Some("pi_1"));
+        assert_eq!(claim.payload, payload);
+        assert!(t
+            .ops
+            .find_events("evt_1", Some("midtrans"))
+            .unwrap()
+            .is_empty());
+        assert!(t.ops.find_events("evt_2", None).unwrap().is_empty());
+    }
+
+    /// The same (provider, event id) again is a duplicate however different its content, and
+    /// changes nothing: not the order, not the outbox, not the stored claim or its body.
+    pub async fn the_same_event_again_is_a_duplicate_and_changes_nothing(t: Ctx) {
+        assert_eq!(t.record(paid("evt_1", "ord_1")).await, Outcome::Processed);
+        let before = t.snapshot().await;
+        t.advance(60);
+
+        assert_eq!(
+            t.record_with(paid("evt_1", "ord_1"), "another body".into())
+                .await,
+            Outcome::Duplicate
+        );
+        // Whatever it now says: the claim decides, not the content.
+        let refund = ev("evt_1").order("ord_1").to(Refunded).refunded(1500);
+        assert_eq!(t.record(refund).await, Outcome::Duplicate);
+        let other_order = ev("evt_1").order("ord_2").to(Pending);
+        assert_eq!(t.record(other_order).await, Outcome::Duplicate);
+
+        assert_eq!(t.snapshot().await, before);
+        assert_eq!(t.order("ord_2").await, None);
+    }
+
+    /// Event ids are per provider: the same id from another provider is a different event, and
+    /// each is a duplicate only of itself.
+    pub async fn the_same_event_id_from_another_provider_is_another_event(t: Ctx) {
+        assert_eq!(
+            t.record(ev("evt_1").order("ord_1").to(Pending)).await,
+            Outcome::Processed
+        );
+        let midtrans = ev("evt_1").provider("midtrans").order("ord_2").to(Pending);
+        assert_eq!(t.record(midtrans.clone()).await, Outcome::Processed);
+        assert_eq!(t.record(midtrans).await, Outcome::Duplicate);
+        assert_eq!(
+            t.record(ev("evt_1").order("ord_1").to(Pending)).await,
+            Outcome::Duplicate
+        );
+
+        let mut found: Vec<_> = t
+            .ops
+            .find_events("evt_1", None)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.summary.provider, e.summary.order_id))
+            .collect();
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                ("midtrans".to_owned(), Some("ord_2".to_owned())),
+                ("stripe".to_owned(), Some("ord_1".to_owned()))
+            ]
+        );
+        assert_eq!(t.order("ord_2").await.unwrap().provider, "midtrans");
+    }
+
+    /// A claim holds for the event's retention, to the second: one second before it ends the
+    /// event is a duplicate, from its end on it is new, claimed again from then on (before any
+    /// purge has removed the old claim).
+    pub async fn a_claim_holds_until_its_retention_runs_out_and_the_event_is_then_new(t: Ctx) {
+        let event = || ev("evt_1").order("ord_1").to(Pending).retention(60);
+        assert_eq!(t.record(event()).await, Outcome::Processed);
+        t.advance(59);
+        assert_eq!(t.record(event()).await, Outcome::Duplicate);
+        t.advance(1);
+        assert_eq!(t.record(event()).await, Outcome::Processed);
+
+        let claim = t.claim_of("stripe", "evt_1");
+        assert_eq!(claim.summary.received_at, iso_seconds(T0 + 60));
+        assert_eq!(claim.summary.expires_at, iso_seconds(T0 + 120));
+        // The new claim is live for its own retention.
+        t.advance(59);
+        assert_eq!(t.record(event()).await, Outcome::Duplicate);
+    }
+
+    /// An event may carry the id an older sekali derived for the same delivery: a live claim
+    /// under that id, for the same order or for none, makes it a duplicate with nothing written.
+    pub async fn a_live_claim_under_the_legacy_id_makes_a_duplicate(t: Ctx) {
+        assert_eq!(
+            t.record(ev("old_1").order("ord_1").to(Paid)).await,
+            Outcome::Processed
+        );
+        assert_eq!(
+            t.record(ev("old_2").kind("ping")).await,
+            Outcome::Ignored,
+            "a claim of no order"
+        );
+        let before = t.snapshot().await;
+
+        let same_order = ev("new_1").order("ord_1").to(Paid).legacy("old_1");
+        assert_eq!(t.record(same_order).await, Outcome::Duplicate);
+        let no_order = ev("new_2").order("ord_1").to(Paid).legacy("old_2");
+        assert_eq!(t.record(no_order).await, Outcome::Duplicate);
+
+        assert_eq!(t.snapshot().await, before);
+        assert!(t.ops.find_events("new_1", None).unwrap().is_empty());
+        assert!(t.ops.find_events("new_2", None).unwrap().is_empty());
+    }
+
+    /// A legacy id is only a hint: claimed for another order (the old form was ambiguous), or
+    /// past its retention, it makes no duplicate, and the event is claimed under its own id.
+    pub async fn a_legacy_id_claimed_for_another_order_or_expired_makes_no_duplicate(t: Ctx) {
+        assert_eq!(
+            t.record(ev("old_1").order("ord_a").to(Pending)).await,
+            Outcome::Processed
+        );
+        let other_order = ev("new_1").order("ord_b").to(Pending).legacy("old_1");
+        assert_eq!(t.record(other_order).await, Outcome::Processed);
+        assert_eq!(t.status("ord_b").await, Pending);
+
+        let short = ev("old_2").order("ord_c").to(Pending).retention(60);
+        assert_eq!(t.record(short).await, Outcome::Processed);
+        t.advance(60);
+        let expired = ev("new_2").order("ord_c").to(Paid).legacy("old_2");
+        assert_eq!(t.record(expired).await, Outcome::Processed);
+        assert_eq!(t.status("ord_c").await, Paid);
+        assert_eq!(t.claim_of("stripe", "new_2").summary.outcome, "processed");
+    }
+
+    /// Ten copies of one delivery at once: exactly one is processed, the rest are duplicates,
+    /// and one receipt is queued.
+    pub async fn concurrent_deliveries_of_one_event_apply_it_once(t: Ctx) {
+        let event = paid("evt_1", "ord_1").0;
+        let outcomes =
+            join_all((0..10).map(|_| t.store.record(event.clone(), payload_of(&event)))).await;
+        let outcomes: Vec<Outcome> = outcomes.into_iter().map(Result::unwrap).collect();
+        let processed = outcomes
+            .iter()
+            .filter(|o| **o == Outcome::Processed)
+            .count();
+        let duplicates = outcomes
+            .iter()
+            .filter(|o| **o == Outcome::Duplicate)
+            .count();
+        assert_eq!((processed, duplicates), (1, 9), "{outcomes:?}");
+        assert_eq!(t.templates("ord_1"), ["receipt"]);
+    }
+
+    // --- every decision persisted ----------------------------------------------------------
+
+    /// The first event of an order creates it in the status it reports, with what it says of
+    /// the order; a status with a notice queues it.
+    pub async fn the_first_event_of_an_order_creates_it_in_the_reported_status(t: Ctx) {
+        assert_eq!(
+            t.record(paid("evt_1", "ord_1").payment("pi_1")).await,
+            Outcome::Processed
+        );
+        let order = t.order("ord_1").await.unwrap();
+        assert_eq!(
+            order,
+            OrderView {
+                order_id: "ord_1".into(),
+                status: "paid".into(),
+                provider: "stripe".into(),
+                amount: Some(1500),
+                refunded_amount: 0,
+                currency: Some("usd".into()),
+                customer_email: Some("sari@toko.example".into()),
+                metadata: None,
+                source: "webhook".into(),
+                payment_intent_id: Some("pi_1".into()),
+                created_at: iso_seconds(T0),
+                updated_at: iso_seconds(T0),
+            }
+        );
+        assert_eq!(t.templates("ord_1"), ["receipt"]);
+
+        let pending = ev("evt_2").provider("midtrans").order("ord_2").to(Pending);
+        assert_eq!(t.record(pending).await, Outcome::Processed);
+        let order = t.order("ord_2").await.unwrap();
+        assert_eq!(
+            (order.status.as_str(), order.provider.as_str()),
+            ("pending", "midtrans")
+        );
+        assert!(t.emails("ord_2").is_empty(), "pending carries no notice");
+
+        let refunded = ev("evt_3")
+            .order("ord_3")
+            .to(PartiallyRefunded)
+            .refunded(400);
+        assert_eq!(t.record(refunded).await, Outcome::Processed);
+        let order = t.order("ord_3").await.unwrap();
+        assert_eq!(
+            (order.status.as_str(), order.refunded_amount),
+            ("partially_refunded", 400)
+        );
+        assert_eq!(t.templates("ord_3"), ["refund_notice"]);
+    }
+
+    /// pending → paid: the order moves, and a receipt is queued in the same commit: due now, to
+    /// the payment's address, with what the template renders.
+    pub async fn a_payment_moves_a_pending_order_to_paid_and_queues_a_receipt(t: Ctx) {
+        assert_eq!(
+            t.record(ev("evt_1").order("ord_1").to(Pending)).await,
+            Outcome::Processed
+        );
+        t.advance(10);
+        assert_eq!(t.record(paid("evt_2", "ord_1")).await, Outcome::Processed);
+
+        let order = t.order("ord_1").await.unwrap();
+        assert_eq!(order.status, "paid");
+        assert_eq!(order.customer_email.as_deref(), Some("sari@toko.example"));
+        assert_eq!(order.created_at, iso_seconds(T0));
+        assert_eq!(order.updated_at, iso_seconds(T0 + 10));
+
+        let emails = t.emails("ord_1");
+        assert_eq!(emails.len(), 1, "{emails:?}");
+        let receipt = &emails[0];
+        assert_eq!(receipt.template, "receipt");
+        assert_eq!(receipt.recipient.as_deref(), Some("sari@toko.example"));
+        assert_eq!(receipt.status, "pending");
+        assert_eq!(receipt.attempts, 0);
+        assert_eq!(receipt.created_at, iso_seconds(T0 + 10));
+        assert_eq!(
+            receipt.next_attempt_at.as_deref(),
+            Some(iso_millis((T0 + 10) * 1000).as_str())
+        );
+        assert_eq!(
+            (
+                &receipt.lease_owner,
+                &receipt.sent_at,
+                &receipt.first_tried_at
+            ),
+            (&None, &None, &None)
+        );
+        assert_eq!(receipt.idempotency_key.len(), 64);
+        assert!(receipt
+            .idempotency_key
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        let p = params(receipt);
+        assert_eq!(
+            (
+                &p["order_id"],
+                &p["status"],
+                &p["amount"],
+                &p["currency"],
+                &p["exponent"],
+                &p["refunded_amount"],
+                &p["provider"],
+                &p["event_id"],
+            ),
+            (
+                &json!("ord_1"),
+                &json!("paid"),
+                &json!(1500),
+                &json!("usd"),
+                &json!(2),
+                &json!(0),
+                &json!("stripe"),
+                &json!("evt_2"),
+            )
+        );
+    }
+
+    /// paid → refunded: the refunded amount is kept and a refund notice is queued.
+    pub async fn a_refund_of_a_paid_order_queues_a_refund_notice(t: Ctx) {
+        t.record(paid("evt_1", "ord_1")).await;
+        let refund = ev("evt_2")
+            .kind("charge.refunded")
+            .order("ord_1")
+            .to(Refunded)
+            .refunded(1500);
+        assert_eq!(t.record(refund).await, Outcome::Processed);
+
+        let order = t.order("ord_1").await.unwrap();
+        assert_eq!(
+            (order.status.as_str(), order.refunded_amount),
+            ("refunded", 1500)
+        );
+        assert_eq!(t.templates("ord_1"), ["receipt", "refund_notice"]);
+        let notice = t.emails("ord_1").pop().unwrap();
+        assert_eq!(notice.recipient.as_deref(), Some("sari@toko.example"));
+        let p = params(&notice);
+        assert_eq!(
+            (&p["status"], &p["refunded_amount"], &p["event_id"]),
+            (&json!("refunded"), &json!(1500), &json!("evt_2"))
+        );
+    }
+
+    /// pending → failed queues a payment_failed notice; a failed order can still be paid, which
+    /// queues the receipt.
+    pub async fn a_failed_payment_queues_a_payment_failed_notice_and_can_still_be_paid(t: Ctx) {
+        t.record(ev("evt_1").order("ord_1").to(Pending)).await;
+        let failure = ev("evt_2")
+            .order("ord_1")
+            .to(Failed)
+            .email("sari@toko.example");
+        assert_eq!(t.record(failure).await, Outcome::Processed);
+        assert_eq!(t.status("ord_1").await, Failed);
+        assert_eq!(t.templates("ord_1"), ["payment_failed"]);
+        assert_eq!(params(&t.emails("ord_1")[0])["status"], json!("failed"));
+
+        assert_eq!(t.record(paid("evt_3", "ord_1")).await, Outcome::Processed);
+        assert_eq!(t.status("ord_1").await, Paid);
+        assert_eq!(t.templates("ord_1"), ["payment_failed", "receipt"]);
+    }
+
+    /// An older status after a newer one is stale: recorded as such, and nothing else changes
+    /// (no status, no timestamp, no email).
+    pub async fn an_older_status_after_a_newer_one_is_stale_and_changes_nothing(t: Ctx) {
+        t.record(paid("evt_1", "ord_1")).await;
+        let before = t.snapshot().await;
+        t.advance(5);
+
+        let late = ev("evt_0").order("ord_1").to(Pending);
+        assert_eq!(t.record(late).await, Outcome::Stale);
+        let stale = t.claim_of("stripe", "evt_0").summary;
+        assert_eq!(
+            (stale.outcome.as_str(), stale.order_id.as_deref()),
+            ("stale", Some("ord_1"))
+        );
+        assert_eq!(t.snapshot().await["orders"], before["orders"]);
+        assert_eq!(t.snapshot().await["outbox"], before["outbox"]);
+
+        t.record(ev("evt_2").order("ord_1").to(Refunded).refunded(1500))
+            .await;
+        assert_eq!(
+            t.record(paid("evt_3", "ord_1")).await,
+            Outcome::Stale,
+            "paid after refunded"
+        );
+        assert_eq!(t.status("ord_1").await, Refunded);
+        assert_eq!(t.templates("ord_1"), ["receipt", "refund_notice"]);
+    }
+
+    /// Reaching a status the order already has is processed, with no move and no second email.
+    pub async fn the_same_status_again_is_processed_without_a_second_email(t: Ctx) {
+        t.record(paid("evt_1", "ord_1")).await;
+        let before = t.snapshot().await;
+        t.advance(5);
+        assert_eq!(t.record(paid("evt_2", "ord_1")).await, Outcome::Processed);
+        assert_eq!(t.snapshot().await["orders"], before["orders"]);
+        assert_eq!(t.templates("ord_1"), ["receipt"]);
+    }
+
+    /// A payment for an API order that does not match its amount or currency moves it to
+    /// needs_review, not paid, without an email; only an operator moves it on, so a later
+    /// payment is stale. A matching one (currency in any case) pays it. A webhook order has
+    /// nothing of the shop's own to match.
+    pub async fn a_payment_that_does_not_match_an_api_order_needs_review_without_an_email(t: Ctx) {
+        t.create_api_order(new_order("ord_less")).await;
+        let less = paid("evt_1", "ord_less").paid(1000);
+        assert_eq!(t.record(less).await, Outcome::AmountMismatch);
+        assert_eq!(t.status("ord_less").await, NeedsReview);
+        assert_eq!(t.outcome_of("evt_1"), "amount_mismatch");
+        assert!(t.emails("ord_less").is_empty());
+        assert_eq!(
+            t.record(paid("evt_2", "ord_less")).await,
+            Outcome::Stale,
+            "a matching payment after review"
+        );
+        assert_eq!(t.status("ord_less").await, NeedsReview);
+
+        t.create_api_order(new_order("ord_eur")).await;
+        let euros = paid("evt_3", "ord_eur").currency("eur");
+        assert_eq!(t.record(euros).await, Outcome::AmountMismatch);
+        assert_eq!(t.status("ord_eur").await, NeedsReview);
+
+        t.create_api_order(new_order("ord_ok")).await;
+        let matching = paid("evt_4", "ord_ok").currency("USD");
+        assert_eq!(t.record(matching).await, Outcome::Processed);
+        assert_eq!(t.status("ord_ok").await, Paid);
+        assert_eq!(t.templates("ord_ok"), ["receipt"]);
+
+        t.record(ev("evt_5").order("ord_hook").to(Pending)).await;
+        let less = paid("evt_6", "ord_hook").paid(1000);
+        assert_eq!(t.record(less).await, Outcome::Processed);
+        assert_eq!(t.status("ord_hook").await, Paid);
+    }
+
+    /// Refunded money only grows: a larger partial refund moves again with a new notice, a
+    /// smaller or equal one is stale, a full refund reporting less than already refunded is
+    /// stale, and the full refund completes it.
+    pub async fn refunded_amounts_only_grow(t: Ctx) {
+        t.record(paid("evt_1", "ord_1")).await;
+        let partial =
+            |id: &str, amount| ev(id).order("ord_1").to(PartiallyRefunded).refunded(amount);
+        assert_eq!(t.record(partial("evt_2", 500)).await, Outcome::Processed);
+        assert_eq!(
+            t.refund_state("ord_1").await,
+            ("partially_refunded".into(), 500)
+        );
+        assert_eq!(t.record(partial("evt_3", 700)).await, Outcome::Processed);
+        assert_eq!(
+            t.refund_state("ord_1").await,
+            ("partially_refunded".into(), 700)
+        );
+        assert_eq!(t.record(partial("evt_4", 300)).await, Outcome::Stale);
+        assert_eq!(t.record(partial("evt_5", 700)).await, Outcome::Stale);
+        let older_full = ev("evt_6").order("ord_1").to(Refunded).refunded(400);
+        assert_eq!(t.record(older_full).await, Outcome::Stale);
+        assert_eq!(
+            t.refund_state("ord_1").await,
+            ("partially_refunded".into(), 700)
+        );
+        let full = ev("evt_7").order("ord_1").to(Refunded).refunded(1500);
+        assert_eq!(t.record(full).await, Outcome::Processed);
+        assert_eq!(t.refund_state("ord_1").await, ("refunded".into(), 1500));
+
+        let notices: Vec<Value> = t
+            .emails("ord_1")
+            .iter()
+            .filter(|row| row.template == "refund_notice")
+            .map(|row| params(row)["refunded_amount"].clone())
+            .collect();
+        assert_eq!(notices, [json!(500), json!(700), json!(1500)]);
+    }
+
+    /// A provider reversing a payment it settled moves a paid order to needs_review, recorded
+    /// as reversed, with no email; before a payment the same event is a plain cancellation.
+    pub async fn a_reversal_of_a_paid_order_needs_review_without_an_email(t: Ctx) {
+        t.record(paid("evt_1", "ord_1")).await;
+        let deny = |id: &str, order: &str| {
+            ev(id)
+                .provider("midtrans")
+                .kind("deny")
+                .order(order)
+                .to(Cancelled)
+                .reverses()
+        };
+        assert_eq!(t.record(deny("evt_2", "ord_1")).await, Outcome::Reversed);
+        assert_eq!(t.status("ord_1").await, NeedsReview);
+        assert_eq!(t.claim_of("midtrans", "evt_2").summary.outcome, "reversed");
+        assert_eq!(t.templates("ord_1"), ["receipt"]);
+
+        t.record(ev("evt_3").order("ord_2").to(Pending)).await;
+        assert_eq!(t.record(deny("evt_4", "ord_2")).await, Outcome::Processed);
+        assert_eq!(t.status("ord_2").await, Cancelled);
+        assert!(t.emails("ord_2").is_empty());
+    }
+
+    /// An event type sekali does not act on is ignored but recorded (a redelivery is then a
+    /// duplicate), and creates no order.
+    pub async fn an_event_without_a_change_is_ignored_and_recorded(t: Ctx) {
+        let event = ev("evt_1").kind("customer.created").order("ord_1");
+        assert_eq!(t.record(event.clone()).await, Outcome::Ignored);
+        let claim = t.claim_of("stripe", "evt_1").summary;
+        assert_eq!(
+            (claim.outcome.as_str(), claim.order_id.as_deref()),
+            ("ignored", Some("ord_1"))
+        );
+        assert_eq!(t.order("ord_1").await, None);
+        assert!(t.outbox().is_empty());
+        assert_eq!(t.record(event).await, Outcome::Duplicate);
+    }
+
+    /// A change with no order to act on (no reference, or a payment no order has and that
+    /// need not wait) is ignored and recorded without an order.
+    pub async fn an_event_with_no_order_to_act_on_is_ignored(t: Ctx) {
+        assert_eq!(t.record(ev("evt_1").to(Paid)).await, Outcome::Ignored);
+        let unlinked = ev("evt_2").via_payment("pi_x", false).to(Paid);
+        assert_eq!(t.record(unlinked).await, Outcome::Ignored);
+        for id in ["evt_1", "evt_2"] {
+            let claim = t.claim_of("stripe", id).summary;
+            assert_eq!((claim.outcome.as_str(), claim.order_id), ("ignored", None));
+        }
+        assert!(t.all_orders().await.is_empty());
+        assert!(t.outbox().is_empty());
+    }
+
+    /// Details the order lacks (here the customer's address) are filled in from any event,
+    /// even a stale one, which still moves nothing and changes nothing else.
+    pub async fn a_stale_event_still_fills_in_details_the_order_lacked(t: Ctx) {
+        t.record(ev("evt_1").order("ord_1").to(Paid)).await;
+        let before = t.order("ord_1").await.unwrap();
+        assert_eq!(before.customer_email, None);
+        t.advance(5);
+        let late = ev("evt_0")
+            .order("ord_1")
+            .to(Pending)
+            .email("sari@toko.example");
+        assert_eq!(t.record(late).await, Outcome::Stale);
+        assert_eq!(
+            t.order("ord_1").await.unwrap(),
+            OrderView {
+                customer_email: Some("sari@toko.example".into()),
+                ..before
+            },
+            "the address, and nothing else"
+        );
+        assert_eq!(t.templates("ord_1"), ["receipt"]);
+    }
+
+    /// Once an event has linked a payment to its order, an event naming only that payment
+    /// moves that order.
+    pub async fn an_event_naming_a_linked_payment_moves_its_order(t: Ctx) {
+        t.record(paid("evt_1", "ord_1").payment("pi_1")).await;
+        let refund = ev("evt_2")
+            .via_payment("pi_1", false)
+            .to(Refunded)
+            .refunded(1500);
+        assert_eq!(t.record(refund).await, Outcome::Processed);
+        assert_eq!(t.status("ord_1").await, Refunded);
+        assert_eq!(
+            t.claim_of("stripe", "evt_2").summary.order_id.as_deref(),
+            Some("ord_1")
+        );
+        let dispute = ev("evt_3").via_payment("pi_1", true).to(Disputed);
+        assert_eq!(t.record(dispute).await, Outcome::Stale, "refunded is final");
+    }
+
+    // --- parked resolution -----------------------------------------------------------------
+
+    /// An event that must wait for its payment's link is parked: recorded, no order. Linking
+    /// another payment leaves it parked; the event that links its payment applies it in the
+    /// same commit, and its claim then says what became of it.
+    pub async fn an_event_for_an_unlinked_payment_is_parked_until_the_payment_is_linked(t: Ctx) {
+        let dispute = ev("evt_dispute")
+            .kind("charge.dispute.created")
+            .via_payment("pi_9", true)
+            .to(Disputed)
+            .no_amount();
+        assert_eq!(t.record(dispute.clone()).await, Outcome::Parked);
+        let claim = t.claim_of("stripe", "evt_dispute");
+        assert_eq!(
+            (
+                claim.summary.outcome.as_str(),
+                claim.summary.order_id.as_deref()
+            ),
+            ("parked", None)
+        );
+        assert_eq!(claim.payment_intent_id.as_deref(), Some("pi_9"));
+        assert!(t.all_orders().await.is_empty());
+        assert_eq!(t.record(dispute).await, Outcome::Duplicate);
+
+        t.record(paid("evt_other", "ord_8").payment("pi_8")).await;
+        assert_eq!(t.outcome_of("evt_dispute"), "parked");
+
+        t.advance(5);
+        let link = paid("evt_paid", "ord_9").payment("pi_9");
+        assert_eq!(t.record(link).await, Outcome::Processed);
+        let order = t.order("ord_9").await.unwrap();
+        assert_eq!(order.status, "disputed");
+        assert_eq!(order.payment_intent_id.as_deref(), Some("pi_9"));
+        let claim = t.claim_of("stripe", "evt_dispute").summary;
+        assert_eq!(
+            (claim.outcome.as_str(), claim.order_id.as_deref()),
+            ("processed", Some("ord_9"))
+        );
+        assert_eq!(t.templates("ord_9"), ["receipt"], "a dispute has no notice");
+
+        // Applied once: a later link of the same payment applies nothing again.
+        let again = paid("evt_paid_2", "ord_9").payment("pi_9");
+        assert_eq!(t.record(again).await, Outcome::Stale);
+        assert_eq!(t.status("ord_9").await, Disputed);
+    }
+
+    /// Every parked event of the payment is applied when it is linked, oldest first: a partial
+    /// refund, then the full refund (in the other order the partial one would be stale).
+    pub async fn the_link_applies_every_parked_event_of_the_payment_oldest_first(t: Ctx) {
+        let partial = ev("evt_partial")
+            .via_payment("pi_9", true)
+            .to(PartiallyRefunded)
+            .refunded(500);
+        assert_eq!(t.record(partial).await, Outcome::Parked);
+        t.advance(1);
+        let full = ev("evt_full")
+            .via_payment("pi_9", true)
+            .to(Refunded)
+            .refunded(1500);
+        assert_eq!(t.record(full).await, Outcome::Parked);
+        t.advance(1);
+
+        let link = paid("evt_paid", "ord_9").payment("pi_9");
+        assert_eq!(t.record(link).await, Outcome::Processed);
+        let order = t.order("ord_9").await.unwrap();
+        assert_eq!(
+            (order.status.as_str(), order.refunded_amount),
+            ("refunded", 1500)
+        );
+        assert_eq!(t.outcome_of("evt_partial"), "processed");
+        assert_eq!(t.outcome_of("evt_full"), "processed");
+        let notices: Vec<Value> = t
+            .emails("ord_9")
+            .iter()
+            .map(|row| json!([row.template, params(row)["refunded_amount"]]))
+            .collect();
+        assert_eq!(
+            notices,
+            [
+                json!(["receipt", 0]),
+                json!(["refund_notice", 500]),
+                json!(["refund_notice", 1500])
+            ]
+        );
+    }
+
+    /// The link is made whatever the linking event decides: a stale event that ties the payment
+    /// to its order still applies the events parked for it.
+    pub async fn a_stale_event_still_links_its_payment_and_frees_what_waited_for_it(t: Ctx) {
+        t.record(paid("evt_paid", "ord_9")).await;
+        let dispute = ev("evt_dispute").via_payment("pi_9", true).to(Disputed);
+        assert_eq!(t.record(dispute).await, Outcome::Parked);
+        let late = ev("evt_processing")
+            .kind("payment_intent.processing")
+            .order("ord_9")
+            .payment("pi_9")
+            .to(Pending);
+        assert_eq!(t.record(late).await, Outcome::Stale);
+        let order = t.order("ord_9").await.unwrap();
+        assert_eq!(order.status, "disputed");
+        assert_eq!(order.payment_intent_id.as_deref(), Some("pi_9"));
+        assert_eq!(t.outcome_of("evt_dispute"), "processed");
+    }
+
+    /// Real Stripe deliveries, parsed by the provider: a partial refund that arrives before the
+    /// payment it refunds is parked, the payment applies it, and each body is kept byte for
+    /// byte.
+    pub async fn stripe_deliveries_out_of_order_end_where_they_would_in_order(t: Ctx) {
+        let refund = stripe_fixture("charge.refunded.partial");
+        let payment = stripe_fixture("payment_intent.succeeded");
+        assert_eq!(
+            t.store.record(refund.0, refund.1.clone()).await.unwrap(),
+            Outcome::Parked
+        );
+        assert_eq!(
+            t.store.record(payment.0, payment.1.clone()).await.unwrap(),
+            Outcome::Processed
+        );
+
+        let order = t.order("ord_1001").await.unwrap();
+        assert_eq!(
+            (order.status.as_str(), order.refunded_amount, order.amount),
+            ("partially_refunded", 1000, Some(2500))
+        );
+        assert_eq!(t.templates("ord_1001"), ["receipt", "refund_notice"]);
+        let stored_refund = t.claim_of("stripe", "evt_1QA0003refundpartial01");
+        assert_eq!(stored_refund.summary.outcome, "processed");
+        assert_eq!(stored_refund.summary.order_id.as_deref(), Some("ord_1001"));
+        assert_eq!(stored_refund.payload, refund.1);
+        assert_eq!(
+            t.claim_of("stripe", "evt_1QA0002succeeded000001").payload,
+            payment.1
+        );
+    }
+
+    // --- purge -------------------------------------------------------------------------------
+
+    /// Five ids and three idempotency keys that expire at T0 + 60, two ids and a key that live
+    /// longer, and a parked event that expires with the first ids.
+    async fn expired_and_live(t: &Ctx) {
+        for i in 0..5 {
+            let event = ev(&format!("evt_old_{i}"))
+                .order("ord_1")
+                .to(Pending)
+                .retention(60);
+            assert_eq!(t.record(event).await, Outcome::Processed);
+        }
+        for i in 0..2 {
+            let event = ev(&format!("evt_live_{i}")).order("ord_1").to(Pending);
+            assert_eq!(t.record(event).await, Outcome::Processed);
+        }
+        let parked = ev("evt_parked")
+            .via_payment("pi_9", true)
+            .to(Disputed)
+            .retention(60);
+        assert_eq!(t.record(parked).await, Outcome::Parked);
+        for i in 0..4 {
+            let mut request = create(
+                "shop",
+                &format!("key-{i}"),
+                "fp",
+                new_order(&format!("ord_api_{i}")),
+            );
+            // Three keys expire with the ids; the fourth lives on.
+            request.retention_secs = if i < 3 { 60 } else { 3600 };
+            t.create(request).await;
+        }
+    }
+
+    /// `purge_batch(limit)` deletes up to `limit` expired ids and up to `limit` expired keys in
+    /// one go, says how many, and whether it may have left more; nothing before the expiry.
+    pub async fn purge_batches_delete_expired_ids_and_keys_up_to_the_limit(t: Ctx) {
+        expired_and_live(&t).await;
+        t.advance(59);
+        assert_eq!(t.store.purge_batch(100).await.unwrap(), Purged::default());
+
+        t.advance(1);
+        let first = t.store.purge_batch(2).await.unwrap();
+        assert_eq!(
+            first,
+            Purged {
+                events: 2,
+                idempotency_keys: 2
+            }
+        );
+        assert!(first.was_full(2));
+        let second = t.store.purge_batch(2).await.unwrap();
+        assert_eq!(
+            second,
+            Purged {
+                events: 2,
+                idempotency_keys: 1
+            }
+        );
+        assert!(second.was_full(2));
+        let third = t.store.purge_batch(2).await.unwrap();
+        assert_eq!(
+            third,
+            Purged {
+                events: 1,
+                idempotency_keys: 0
+            }
+        );
+        assert!(!third.was_full(2));
+        assert_eq!(t.store.purge_batch(2).await.unwrap(), Purged::default());
+        for i in 0..5 {
+            assert!(
+                t.ops
+                    .find_events(&format!("evt_old_{i}"), None)
+                    .unwrap()
+                    .is_empty(),
+                "evt_old_{i}"
+            );
+        }
+    }
+
+    /// The purge deletes nothing but expired ids and keys: live ids, parked events (work
+    /// waiting, not a deduplication record), orders and emails stay, and a live key still
+    /// replays. A purged id is new again.
+    pub async fn the_purge_keeps_live_ids_parked_events_orders_and_emails(t: Ctx) {
+        expired_and_live(&t).await;
+        t.record(paid("evt_paid", "ord_2")).await;
+        t.advance(3600 - 1);
+        let orders = t.all_orders().await;
+        let outbox = t.ops.outbox(None, ALL).unwrap();
+
+        let purged = t.store.purge_batch(100).await.unwrap();
+        assert_eq!(
+            purged,
+            Purged {
+                events: 5,
+                idempotency_keys: 3
+            }
+        );
+        let mut left: Vec<String> = t
+            .ops
+            .events(None, ALL)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.event_id)
+            .collect();
+        left.sort();
+        assert_eq!(left, ["evt_live_0", "evt_live_1", "evt_paid", "evt_parked"]);
+        assert_eq!(t.outcome_of("evt_parked"), "parked");
+        assert_eq!(t.all_orders().await, orders);
+        assert_eq!(
+            serde_json::to_value(t.ops.outbox(None, ALL).unwrap()).unwrap(),
+            serde_json::to_value(outbox).unwrap()
+        );
+        let live_key = create("shop", "key-3", "fp", new_order("ord_api_3"));
+        assert!(matches!(
+            t.create(live_key).await,
+            IdempotentOutcome::Replayed(_)
+        ));
+        let purged_id = ev("evt_old_0").order("ord_1").to(Pending);
+        assert_eq!(t.record(purged_id).await, Outcome::Processed);
+    }
+
+    /// `Maintenance::purge_all_expired` is a whole pass at the time it is given (not the
+    /// store's clock), in batches, until nothing expired is left.
+    pub async fn a_purge_pass_deletes_everything_expired_at_the_time_it_is_given(t: Ctx) {
+        expired_and_live(&t).await;
+        assert_eq!(
+            t.ops.purge_all_expired(T0 + 59, 2).unwrap(),
+            Purged::default()
+        );
+        assert_eq!(
+            t.ops.purge_all_expired(T0 + 60, 2).unwrap(),
+            Purged {
+                events: 5,
+                idempotency_keys: 3
+            }
+        );
+        assert_eq!(
+            t.ops.purge_all_expired(T0 + 60, 2).unwrap(),
+            Purged::default()
+        );
+        assert_eq!(t.ops.events(None, ALL).unwrap().len(), 3);
+        assert_eq!(t.outcome_of("evt_parked"), "parked");
+    }
+
+    // --- idempotency keys --------------------------------------------------------------------
+
+    /// A new key creates the API order in pending and stores the response its `respond` renders
+    /// from the created order.
+    pub async fn a_new_key_creates_the_order_and_stores_the_response(t: Ctx) {
+        let seen: Arc<Mutex<Option<Option<OrderView>>>> = Arc::default();
+        let mut request = create("shop", "key-1", "fp-1", new_order("ord_1"));
+        let saw = seen.clone();
+        request.respond = Box::new(move |view| {
+            *saw.lock().unwrap() = Some(view.cloned());
+            respond_with(view)
+        });
+        let outcome = t.create(request).await;
+
+        let view = seen
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("respond was called")
+            .expect("with the created order");
+        assert_eq!(
+            view,
+            OrderView {
+                order_id: "ord_1".into(),
+                status: "pending".into(),
+                provider: "stripe".into(),
+                amount: Some(1500),
+                refunded_amount: 0,
+                currency: Some("usd".into()),
+                customer_email: Some("budi@toko.example".into()),
+                metadata: Some(json!({"cart": "c-1"})),
+                source: "api".into(),
+                payment_intent_id: None,
+                created_at: iso_seconds(T0),
+                updated_at: iso_seconds(T0),
+            }
+        );
+        assert_eq!(outcome, IdempotentOutcome::Fresh(respond_with(Some(&view))));
+        assert_eq!(t.order("ord_1").await, Some(view));
+        assert!(t.outbox().is_empty(), "pending carries no notice");
+    }
+
+    /// The same key and fingerprint replays the stored response byte for byte, without running
+    /// the work again.
+    pub async fn the_same_key_and_request_replays_the_stored_response_byte_for_byte(t: Ctx) {
+        let IdempotentOutcome::Fresh(first) = t
+            .create(create("shop", "key-1", "fp-1", new_order("ord_1")))
+            .await
+        else {
+            panic!("a new key")
+        };
+        t.advance(3600);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let mut again = create("shop", "key-1", "fp-1", new_order("ord_1"));
+        let counted = calls.clone();
+        again.respond = Box::new(move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            StoredResponse {
+                status: 500,
+                content_type: "text/plain".into(),
+                body: "rendered again".into(),
+            }
+        });
+        assert_eq!(t.create(again).await, IdempotentOutcome::Replayed(first));
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        assert_eq!(t.all_orders().await.len(), 1);
+        assert_eq!(t.order("ord_1").await.unwrap().updated_at, iso_seconds(T0));
+    }
+
+    /// The same key with another fingerprint is refused, and its order is not created.
+    pub async fn the_same_key_with_another_request_is_refused_and_creates_nothing(t: Ctx) {
+        t.create(create("shop", "key-1", "fp-1", new_order("ord_1")))
+            .await;
+        let other = create("shop", "key-1", "fp-2", new_order("ord_2"));
+        assert_eq!(
+            t.create(other).await,
+            IdempotentOutcome::FingerprintMismatch
+        );
+        assert_eq!(t.order("ord_2").await, None);
+        // The stored response is untouched.
+        let same = create("shop", "key-1", "fp-1", new_order("ord_1"));
+        assert!(matches!(
+            t.create(same).await,
+            IdempotentOutcome::Replayed(r) if r.status == 201
+        ));
+    }
+
+    /// Keys are per client: another client's same key is a new key.
+    pub async fn keys_are_scoped_per_client(t: Ctx) {
+        t.create(create("shop", "key-1", "fp-1", new_order("ord_1")))
+            .await;
+        let other_client = create("pos", "key-1", "fp-2", new_order("ord_2"));
+        assert!(matches!(
+            t.create(other_client).await,
+            IdempotentOutcome::Fresh(r) if r.status == 201
+        ));
+        assert_eq!(t.status("ord_2").await, Pending);
+        let replay = create("pos", "key-1", "fp-2", new_order("ord_2"));
+        assert!(matches!(
+            t.create(replay).await,
+            IdempotentOutcome::Replayed(_)
+        ));
+    }
+
+    /// A new key for an order id that exists (from a webhook or another key) changes nothing:
+    /// `respond` gets `None`, and that answer is what the key stores and replays.
+    pub async fn a_key_for_an_order_id_that_exists_stores_the_answer_for_none(t: Ctx) {
+        t.record(paid("evt_1", "ord_1")).await;
+        let before = t.order("ord_1").await;
+        let outcome = t
+            .create(create("shop", "key-1", "fp-1", new_order("ord_1")))
+            .await;
+        assert_eq!(outcome, IdempotentOutcome::Fresh(respond_with(None)));
+        assert_eq!(t.order("ord_1").await, before, "the order is untouched");
+        let replay = t
+            .create(create("shop", "key-1", "fp-1", new_order("ord_1")))
+            .await;
+        assert_eq!(replay, IdempotentOutcome::Replayed(respond_with(None)));
+
+        t.create(create("shop", "key-2", "fp-2", new_order("ord_2")))
+            .await;
+        let outcome = t
+            .create(create("shop", "key-3", "fp-3", new_order("ord_2")))
+            .await;
+        assert_eq!(outcome, IdempotentOutcome::Fresh(respond_with(None)));
+    }
+
+    /// A key is remembered for its retention, to the second; after it the key is new again (and
+    /// may carry another request).
+    pub async fn a_key_past_its_retention_is_new_again(t: Ctx) {
+        let mut request = create("shop", "key-1", "fp-1", new_order("ord_1"));
+        request.retention_secs = 60;
+        t.create(request).await;
+        t.advance(59);
+        let within = create("shop", "key-1", "fp-2", new_order("ord_2"));
+        assert_eq!(
+            t.create(within).await,
+            IdempotentOutcome::FingerprintMismatch
+        );
+        t.advance(1);
+        let after = create("shop", "key-1", "fp-2", new_order("ord_2"));
+        assert!(matches!(
+            t.create(after).await,
+            IdempotentOutcome::Fresh(r) if r.status == 201
+        ));
+        assert_eq!(t.status("ord_2").await, Pending);
+        let replay = create("shop", "key-1", "fp-2", new_order("ord_2"));
+        assert!(matches!(
+            t.create(replay).await,
+            IdempotentOutcome::Replayed(r) if r.status == 201
+        ));
+    }
+
+    /// Five requests under one key at once: one runs, four replay its response.
+    pub async fn concurrent_requests_under_one_key_run_once(t: Ctx) {
+        let outcomes = join_all((0..5).map(|_| {
+            t.store
+                .create_order(create("shop", "key-1", "fp-1", new_order("ord_1")))
+        }))
+        .await;
+        let outcomes: Vec<_> = outcomes.into_iter().map(Result::unwrap).collect();
+        let fresh: Vec<_> = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                IdempotentOutcome::Fresh(r) => Some(r.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(fresh.len(), 1, "{outcomes:?}");
+        assert_eq!(fresh[0].status, 201);
+        for outcome in &outcomes {
+            assert!(
+                matches!(outcome, IdempotentOutcome::Fresh(r) | IdempotentOutcome::Replayed(r) if *r == fresh[0]),
+                "{outcome:?}"
+            );
+        }
+    }
+
+    // --- outbox --------------------------------------------------------------------------------
+
+    /// `n` paid orders `ord_0`.. with one receipt each, created in that order; their row ids.
+    async fn receipts(t: &Ctx, n: usize) -> Vec<i64> {
+        for i in 0..n {
+            let event = paid(&format!("evt_{i}"), &format!("ord_{i}"));
+            assert_eq!(t.record(event).await, Outcome::Processed);
+        }
+        (0..n)
+            .map(|i| t.emails(&format!("ord_{i}"))[0].id)
+            .collect()
+    }
+
+    /// A claim takes due rows, the oldest first, up to its limit, and leases them to its owner
+    /// until now + lease; a leased row is not claimed again, even by its owner.
+    pub async fn a_claim_takes_the_oldest_due_rows_up_to_its_limit_under_a_lease(t: Ctx) {
+        let ids = receipts(&t, 3).await;
+        let claimed = t.claim("relay-a", 2).await;
+        let claimed_ids: Vec<i64> = claimed.iter().map(|e| e.id).collect();
+        assert_eq!(claimed_ids, ids[..2]);
+        for email in &claimed {
+            let row = t.row(email.id);
+            assert_eq!(email.order_id, row.order_id);
+            assert_eq!(email.template, "receipt");
+            assert_eq!(email.recipient.as_deref(), Some("sari@toko.example"));
+            assert_eq!(email.params, row.params);
+            assert_eq!(email.idempotency_key, row.idempotency_key);
+            assert_eq!((email.attempts, email.first_tried_ms), (0, None));
+            assert_eq!(email.locale, None);
+            assert_eq!(row.status, "pending");
+            assert_eq!(row.lease_owner.as_deref(), Some("relay-a"));
+            assert_eq!(
+                row.lease_until.as_deref(),
+                Some(iso_millis(T0 * 1000 + LEASE_MS).as_str())
+            );
+        }
+        let rest: Vec<i64> = t.claim("relay-a", 10).await.iter().map(|e| e.id).collect();
+        assert_eq!(rest, [ids[2]]);
+        assert!(t.claim("relay-b", 10).await.is_empty());
+        assert!(t.claim("relay-a", 10).await.is_empty());
+    }
+
+    /// While a lease holds, no other relay gets the row; once it has run out the row is due
+    /// again, and the relay that held it can no longer record a result for it.
+    pub async fn a_leased_row_goes_to_no_other_relay_until_the_lease_runs_out(t: Ctx) {
+        let ids = receipts(&t, 1).await;
+        assert_eq!(t.claim("relay-a", 10).await.len(), 1);
+        t.advance((LEASE_MS / 1000 - 1) as u64);
+        assert!(t.claim("relay-b", 10).await.is_empty());
+        t.advance(1);
+        let taken: Vec<i64> = t.claim("relay-b", 10).await.iter().map(|e| e.id).collect();
+        assert_eq!(taken, ids);
+        assert_eq!(t.row(ids[0]).lease_owner.as_deref(), Some("relay-b"));
+
+        let row = serde_json::to_value(t.row(ids[0])).unwrap();
+        assert_eq!(
+            t.results("relay-a", &[(ids[0], SendOutcome::Sent)]).await,
+            [false]
+        );
+        assert_eq!(serde_json::to_value(t.row(ids[0])).unwrap(), row);
+        assert_eq!(
+            t.results("relay-b", &[(ids[0], SendOutcome::Sent)]).await,
+            [true]
+        );
+        assert_eq!(t.row(ids[0]).status, "sent");
+    }
+
+    /// A result is recorded only by the relay holding the row's lease, and only while it does:
+    /// per result the answer says whether it was, and a refused one leaves the row unchanged.
+    pub async fn a_result_is_recorded_only_while_its_relay_holds_the_lease(t: Ctx) {
+        let ids = receipts(&t, 2).await;
+        assert_eq!(t.claim("relay-a", 1).await.len(), 1);
+        let (held, unclaimed) = (ids[0], ids[1]);
+        let rows = || serde_json::to_value([t.row(held), t.row(unclaimed)]).unwrap();
+        let before = rows();
+
+        for outcome in [
+            SendOutcome::Sent,
+            failed(None),
+            failed(Some(t.now_ms() + 60_000)),
+            untried(None),
+            SendOutcome::Skipped,
+        ] {
+            assert_eq!(
+                t.results("relay-x", &[(held, outcome.clone())]).await,
+                [false],
+                "another relay: {outcome:?}"
+            );
+            assert_eq!(
+                t.results("relay-a", &[(unclaimed, outcome.clone())]).await,
+                [false],
+                "a row not claimed: {outcome:?}"
+            );
+        }
+        assert_eq!(
+            t.results("relay-a", &[(999_999, SendOutcome::Sent)]).await,
+            [false]
+        );
+        assert_eq!(rows(), before);
+
+        // One batch, answered per row.
+        assert_eq!(
+            t.results(
+                "relay-a",
+                &[(held, SendOutcome::Sent), (unclaimed, SendOutcome::Sent)]
+            )
+            .await,
+            [true, false]
+        );
+        assert_eq!(t.row(held).status, "sent");
+        assert_eq!(t.row(unclaimed).status, "pending");
+        // Recorded once: the lease ended with it, in the same batch too.
+        t.advance(LEASE_MS as u64 / 1000);
+        assert_eq!(t.claim("relay-a", 10).await.len(), 1);
+        assert_eq!(
+            t.results(
+                "relay-a",
+                &[(unclaimed, SendOutcome::Sent), (unclaimed, failed(None))]
+            )
+            .await,
+            [true, false]
+        );
+        assert_eq!(t.row(unclaimed).status, "sent");
+        assert_eq!(t.results("relay-a", &[(held, failed(None))]).await, [false]);
+        assert_eq!(t.row(held).status, "sent");
+    }
+
+    /// Sent (one attempt, sent now), skipped (no attempt) and dead (a counted failure with no
+    /// retry) rows leave the lease and are never claimed again.
+    pub async fn sent_skipped_and_dead_rows_are_never_claimed_again(t: Ctx) {
+        let ids = receipts(&t, 3).await;
+        assert_eq!(t.claim("relay-a", 10).await.len(), 3);
+        t.advance(2);
+        let now = iso_millis(t.now_ms());
+        let recorded = t
+            .results(
+                "relay-a",
+                &[
+                    (ids[0], SendOutcome::Sent),
+                    (ids[1], SendOutcome::Skipped),
+                    (ids[2], failed(None)),
+                ],
+            )
+            .await;
+        assert_eq!(recorded, [true, true, true]);
+
+        let sent = t.row(ids[0]);
+        assert_eq!((sent.status.as_str(), sent.attempts), ("sent", 1));
+        assert_eq!(sent.sent_at.as_deref(), Some(now.as_str()));
+        assert_eq!(sent.first_tried_at.as_deref(), Some(now.as_str()));
+        assert_eq!(sent.last_error, None);
+        let skipped = t.row(ids[1]);
+        assert_eq!((skipped.status.as_str(), skipped.attempts), ("skipped", 0));
+        assert_eq!(skipped.sent_at, None);
+        assert!(skipped.last_error.is_some());
+        let dead = t.row(ids[2]);
+        assert_eq!((dead.status.as_str(), dead.attempts), ("dead", 1));
+        assert_eq!(dead.last_error.as_deref(), Some("550 mailbox unavailable"));
+        for row in [&sent, &skipped, &dead] {
+            assert_eq!(
+                (&row.next_attempt_at, &row.lease_owner, &row.lease_until),
+                (&None, &None, &None),
+                "{row:?}"
+            );
+        }
+
+        t.advance(7 * 24 * 3600);
+        assert!(t.claim("relay-a", 10).await.is_empty());
+        assert!(t.claim("relay-b", 10).await.is_empty());
+    }
+
+    /// A counted failure with a retry time leaves the row pending with one more attempt and
+    /// its error, due at that time and not a second before; its first try's time is kept.
+    pub async fn a_failed_row_is_due_again_at_its_retry_time_and_not_before(t: Ctx) {
+        let ids = receipts(&t, 1).await;
+        t.claim("relay-a", 10).await;
+        let first_try = t.now_ms();
+        let retry_at = first_try + 60_000;
+        assert_eq!(
+            t.results("relay-a", &[(ids[0], failed(Some(retry_at)))])
+                .await,
+            [true]
+        );
+        let row = t.row(ids[0]);
+        assert_eq!((row.status.as_str(), row.attempts), ("pending", 1));
+        assert_eq!(row.last_error.as_deref(), Some("550 mailbox unavailable"));
+        assert_eq!(row.next_attempt_at, Some(iso_millis(retry_at)));
+        assert_eq!(row.first_tried_at, Some(iso_millis(first_try)));
+        assert_eq!((row.lease_owner, row.lease_until), (None, None));
+
+        t.advance(59);
+        assert!(t.claim("relay-a", 10).await.is_empty());
+        t.advance(1);
+        let again = t.claim("relay-b", 10).await;
+        assert_eq!(again.len(), 1);
+        assert_eq!(
+            (again[0].attempts, again[0].first_tried_ms),
+            (1, Some(first_try))
+        );
+
+        let retry_at = t.now_ms() + 60_000;
+        assert_eq!(
+            t.results("relay-b", &[(ids[0], failed(Some(retry_at)))])
+                .await,
+            [true]
+        );
+        let row = t.row(ids[0]);
+        assert_eq!(row.attempts, 2);
+        assert_eq!(row.first_tried_at, Some(iso_millis(first_try)));
+    }
+
+    /// A try that never reached the transport counts no attempt and sets no first try: due
+    /// again at its retry time, or dead (withheld) without one; its error is kept.
+    pub async fn an_untried_row_counts_no_attempt(t: Ctx) {
+        let ids = receipts(&t, 2).await;
+        t.claim("relay-a", 10).await;
+        let retry_at = t.now_ms() + 60_000;
+        let recorded = t
+            .results(
+                "relay-a",
+                &[(ids[0], untried(Some(retry_at))), (ids[1], untried(None))],
+            )
+            .await;
+        assert_eq!(recorded, [true, true]);
+
+        let waiting = t.row(ids[0]);
+        assert_eq!((waiting.status.as_str(), waiting.attempts), ("pending", 0));
+        assert_eq!(waiting.first_tried_at, None);
+        assert_eq!(waiting.next_attempt_at, Some(iso_millis(retry_at)));
+        assert_eq!(waiting.last_error.as_deref(), Some("transport unavailable"));
+        let withheld = t.row(ids[1]);
+        assert_eq!((withheld.status.as_str(), withheld.attempts), ("dead", 0));
+        assert_eq!(withheld.first_tried_at, None);
+        assert_eq!(
+            withheld.last_error.as_deref(),
+            Some("transport unavailable")
+        );
+
+        t.advance(59);
+        assert!(t.claim("relay-a", 10).await.is_empty());
+        t.advance(1);
+        let again = t.claim("relay-a", 10).await;
+        assert_eq!(again.len(), 1);
+        assert_eq!(
+            (again[0].id, again[0].attempts, again[0].first_tried_ms),
+            (ids[0], 0, None)
+        );
+    }
+
+    /// `retry_dead` brings a dead row back to pending, due at the time given, with its attempts
+    /// and first try reset; it refuses a row that is not dead.
+    pub async fn retry_dead_revives_a_dead_row_and_only_a_dead_row(t: Ctx) {
+        let ids = receipts(&t, 3).await;
+        t.claim("relay-a", 10).await;
+        let recorded = t
+            .results(
+                "relay-a",
+                &[(ids[0], failed(None)), (ids[1], SendOutcome::Sent)],
+            )
+            .await;
+        assert_eq!(recorded, [true, true]);
+        t.advance(3600);
+
+        assert!(!t.ops.retry_dead(ids[1], t.now_ms()).unwrap(), "sent");
+        assert!(!t.ops.retry_dead(ids[2], t.now_ms()).unwrap(), "pending");
+        assert!(!t.ops.retry_dead(999_999, t.now_ms()).unwrap(), "missing");
+        assert_eq!(t.row(ids[1]).status, "sent");
+
+        assert!(t.ops.retry_dead(ids[0], t.now_ms()).unwrap());
+        let row = t.row(ids[0]);
+        assert_eq!((row.status.as_str(), row.attempts), ("pending", 0));
+        assert_eq!(row.first_tried_at, None);
+        assert_eq!(row.next_attempt_at, Some(iso_millis(t.now_ms())));
+        assert!(
+            !t.ops.retry_dead(ids[0], t.now_ms()).unwrap(),
+            "no longer dead"
+        );
+
+        let claimed: Vec<i64> = t.claim("relay-b", 10).await.iter().map(|e| e.id).collect();
+        assert!(claimed.contains(&ids[0]), "{claimed:?}");
+    }
+
+    /// A claimed email carries its order's `metadata.locale` when that is text, and none
+    /// otherwise (another type, no metadata, a webhook order).
+    pub async fn a_claimed_email_carries_its_orders_text_locale(t: Ctx) {
+        for (order_id, metadata) in [
+            ("ord_id", Some(r#"{"locale":"id-ID"}"#)),
+            ("ord_number", Some(r#"{"locale":5}"#)),
+            ("ord_none", None),
+        ] {
+            let mut order = new_order(order_id);
+            order.metadata = metadata.map(str::to_owned);
+            t.create_api_order(order).await;
+            t.record(paid(&format!("evt_{order_id}"), order_id)).await;
+        }
+        t.record(paid("evt_hook", "ord_hook")).await;
+
+        let mut locales: Vec<(String, Option<String>)> = t
+            .claim("relay-a", 10)
+            .await
+            .into_iter()
+            .map(|e| (e.order_id, e.locale))
+            .collect();
+        locales.sort();
+        assert_eq!(
+            locales,
+            [
+                ("ord_hook".to_owned(), None),
+                ("ord_id".to_owned(), Some("id-ID".to_owned())),
+                ("ord_none".to_owned(), None),
+                ("ord_number".to_owned(), None),
+            ]
+        );
+    }
+
+    // --- reads ---------------------------------------------------------------------------------
+
+    /// Orders page by order id: a limit, a cursor after which to start, and a status filter.
+    pub async fn orders_page_in_order_id_order_after_a_cursor_and_by_status(t: Ctx) {
+        for (order_id, status) in [
+            ("ord_c", Paid),
+            ("ord_a", Pending),
+            ("ord_e", Paid),
+            ("ord_b", Failed),
+            ("ord_d", Paid),
+        ] {
+            let event = ev(&format!("evt_{order_id}")).order(order_id).to(status);
+            t.record(event).await;
+        }
+        let page = |status: Option<OrderStatus>, after: Option<&str>, limit| {
+            let query = OrderQuery {
+                status,
+                after: after.map(str::to_owned),
+                limit,
+            };
+            let store = t.store.clone();
+            async move {
+                store
+                    .orders(query)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|o| o.order_id)
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(page(None, None, 2).await, ["ord_a", "ord_b"]);
+        assert_eq!(page(None, Some("ord_b"), 2).await, ["ord_c", "ord_d"]);
+        assert_eq!(page(None, Some("ord_d"), 2).await, ["ord_e"]);
+        assert!(page(None, Some("ord_e"), 2).await.is_empty());
+        assert_eq!(
+            page(Some(Paid), None, 10).await,
+            ["ord_c", "ord_d", "ord_e"]
+        );
+        assert_eq!(page(Some(Paid), Some("ord_c"), 1).await, ["ord_d"]);
+        assert!(page(Some(Refunded), None, 10).await.is_empty());
+        assert_eq!(
+            page(None, Some("ord_"), 10).await,
+            ["ord_a", "ord_b", "ord_c", "ord_d", "ord_e"]
+        );
+    }
+
+    /// A missing order or outbox row reads as none, through the store and the operator's
+    /// connection alike; an existing order reads the same through both.
+    pub async fn a_missing_order_or_outbox_row_reads_as_none(t: Ctx) {
+        assert_eq!(t.order("ord_missing").await, None);
+        assert_eq!(t.ops.order("ord_missing").unwrap(), None);
+        assert!(t.ops.outbox_row(1).unwrap().is_none());
+        t.record(paid("evt_1", "ord_1")).await;
+        assert_eq!(t.ops.order("ord_1").unwrap(), t.order("ord_1").await);
+        assert!(t.ops.outbox_row(999_999).unwrap().is_none());
+    }
+
+    /// Events are listed newest first, optionally of one provider, up to the limit.
+    pub async fn events_are_listed_newest_first_by_provider_up_to_the_limit(t: Ctx) {
+        for (id, provider) in [
+            ("evt_1", "stripe"),
+            ("evt_2", "midtrans"),
+            ("evt_3", "stripe"),
+            ("evt_4", "xendit"),
+        ] {
+            t.record(ev(id).provider(provider).order("ord_1").to(Pending))
+                .await;
+            t.advance(1);
+        }
+        let ids = |provider: Option<&str>, limit| -> Vec<String> {
+            t.ops
+                .events(provider, limit)
+                .unwrap()
+                .into_iter()
+                .map(|e| e.event_id)
+                .collect()
+        };
+        assert_eq!(ids(None, 10), ["evt_4", "evt_3", "evt_2", "evt_1"]);
+        assert_eq!(ids(None, 2), ["evt_4", "evt_3"]);
+        assert_eq!(ids(Some("stripe"), 10), ["evt_3", "evt_1"]);
+        assert_eq!(ids(Some("midtrans"), 10), ["evt_2"]);
+        assert!(ids(Some("other"), 10).is_empty());
+        let newest = &t.ops.events(None, 1).unwrap()[0];
+        assert_eq!(
+            (newest.provider.as_str(), newest.received_at.as_str()),
+            ("xendit", iso_seconds(T0 + 3).as_str())
+        );
+    }
+
+    /// A delivery claimed again once its retention ran out is the newest arrival, and is
+    /// listed first, not where its expired claim was.
+    pub async fn an_event_claimed_again_after_its_retention_is_listed_as_the_newest(t: Ctx) {
+        let short = || ev("evt_1").order("ord_1").to(Pending).retention(60);
+        t.record(short()).await;
+        t.advance(1);
+        t.record(ev("evt_2").order("ord_1").to(Pending)).await;
+        t.advance(60);
+        assert_eq!(t.record(short()).await, Outcome::Processed);
+
+        let listed: Vec<(String, String)> = t
+            .ops
+            .events(None, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.event_id, e.received_at))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("evt_1".to_owned(), iso_seconds(T0 + 61)),
+                ("evt_2".to_owned(), iso_seconds(T0 + 1)),
+            ]
+        );
+    }
+
+    /// The outbox is listed newest first, optionally of one status, up to the limit.
+    pub async fn the_outbox_is_listed_newest_first_by_status(t: Ctx) {
+        let ids = receipts(&t, 3).await;
+        t.claim("relay-a", 1).await;
+        t.results("relay-a", &[(ids[0], SendOutcome::Sent)]).await;
+        let listed = |status: Option<&str>, limit| -> Vec<i64> {
+            t.ops
+                .outbox(status, limit)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id)
+                .collect()
+        };
+        assert_eq!(listed(None, 10), [ids[2], ids[1], ids[0]]);
+        assert_eq!(listed(None, 1), [ids[2]]);
+        assert_eq!(listed(Some("pending"), 10), [ids[2], ids[1]]);
+        assert_eq!(listed(Some("sent"), 10), [ids[0]]);
+        assert!(listed(Some("dead"), 10).is_empty());
+    }
+
+    pub async fn the_store_answers_its_health_check(t: Ctx) {
+        t.store.check_health().await.expect("healthy when empty");
+        t.record(paid("evt_1", "ord_1")).await;
+        t.store.check_health().await.expect("healthy");
+    }
+
+    /// The store's counters: every delivery counts (duplicates too), each write commits in a
+    /// transaction, relay claims and results count with their rows, and reads count nothing.
+    pub async fn stats_count_transactions_deliveries_and_relay_work(t: Ctx) {
+        let start = t.store.stats().writer;
+        t.record(paid("evt_1", "ord_1")).await;
+        t.record(paid("evt_2", "ord_2")).await;
+        t.record(paid("evt_1", "ord_1")).await;
+        let recorded = t.store.stats().writer;
+        assert_eq!(recorded.deliveries - start.deliveries, 3);
+        assert!(
+            recorded.transactions > start.transactions,
+            "{start:?} {recorded:?}"
+        );
+
+        let claimed = t.claim("relay-a", 10).await;
+        let after_claim = t.store.stats().writer;
+        assert_eq!(after_claim.outbox_claims - recorded.outbox_claims, 1);
+        assert_eq!(
+            after_claim.outbox_claimed_rows - recorded.outbox_claimed_rows,
+            2
+        );
+        let results: Vec<(i64, SendOutcome)> =
+            claimed.iter().map(|e| (e.id, SendOutcome::Sent)).collect();
+        t.results("relay-a", &results).await;
+        let after_results = t.store.stats().writer;
+        assert_eq!(
+            after_results.outbox_result_batches - after_claim.outbox_result_batches,
+            1
+        );
+        assert_eq!(after_results.outbox_results - after_claim.outbox_results, 2);
+        assert!(after_results.transactions > after_claim.transactions);
+        assert_eq!(after_results.deliveries, recorded.deliveries);
+
+        t.order("ord_1").await;
+        t.all_orders().await;
+        t.store.check_health().await.unwrap();
+        assert_eq!(t.store.stats().writer, after_results);
+    }
+
+    /// The load generator's check: the events, orders and emails of the run whose ids contain
+    /// its marker, and nothing else.
+    pub async fn run_counts_count_the_rows_of_one_marker(t: Ctx) {
+        t.record(paid("evt_run7_1", "ord_run7_1")).await;
+        t.record(paid("evt_run7_2", "ord_run7_2")).await;
+        t.record(ev("evt_run7_3").order("ord_run7_3").to(Pending))
+            .await;
+        t.record(paid("evt_other", "ord_other")).await;
+        let counts = t.ops.run_counts("run7").unwrap();
+        assert_eq!(
+            (
+                counts.events,
+                counts.orders,
+                counts.emails,
+                counts.orders_emailed
+            ),
+            (3, 3, 2, 2)
+        );
+        let none = t.ops.run_counts("run8").unwrap();
+        assert_eq!((none.events, none.orders, none.emails), (0, 0, 0));
+    }
+
+    // --- the operator's override ---------------------------------------------------------------
+
+    /// An operator may set any status, backwards too; each call returns the previous one.
+    pub async fn an_operator_can_set_any_status_and_gets_the_previous_one(t: Ctx) {
+        t.record(paid("evt_1", "ord_1")).await;
+        t.advance(30);
+        let previous = t
+            .ops
+            .set_status_by_operator("ord_1", Pending, t.now())
+            .unwrap();
+        assert_eq!(previous, Paid);
+        let order = t.order("ord_1").await.unwrap();
+        assert_eq!(order.status, "pending");
+        assert_eq!(order.updated_at, iso_seconds(T0 + 30));
+        for (next, before) in [(Cancelled, Pending), (NeedsReview, Cancelled)] {
+            assert_eq!(
+                t.ops
+                    .set_status_by_operator("ord_1", next, t.now())
+                    .unwrap(),
+                before
+            );
+            assert_eq!(t.status("ord_1").await, next);
+        }
+        assert_eq!(t.templates("ord_1"), ["receipt"], "these carry no notice");
+    }
+
+    pub async fn setting_the_status_of_a_missing_order_is_no_such_order(t: Ctx) {
+        let refused = t.ops.set_status_by_operator("ord_missing", Paid, t.now());
+        assert!(
+            matches!(&refused, Err(SetStatusError::NoSuchOrder(id)) if id == "ord_missing"),
+            "{refused:?}"
+        );
+        assert_eq!(t.order("ord_missing").await, None);
+        assert!(t.outbox().is_empty());
+    }
+
+    /// Settling a mismatched payment as paid queues the receipt, which shows what was paid and
+    /// goes to the order's address.
+    pub async fn settling_a_review_as_paid_queues_the_receipt_for_what_was_paid(t: Ctx) {
+        t.create_api_order(new_order("ord_1")).await;
+        let less = paid("evt_1", "ord_1").paid(1000);
+        assert_eq!(t.record(less).await, Outcome::AmountMismatch);
+        assert!(t.emails("ord_1").is_empty());
+
+        let previous = t
+            .ops
+            .set_status_by_operator("ord_1", Paid, t.now())
+            .unwrap();
+        assert_eq!(previous, NeedsReview);
+        assert_eq!(t.status("ord_1").await, Paid);
+        let emails = t.emails("ord_1");
+        assert_eq!(emails.len(), 1, "{emails:?}");
+        assert_eq!(emails[0].template, "receipt");
+        assert_eq!(emails[0].recipient.as_deref(), Some("sari@toko.example"));
+        assert_eq!(params(&emails[0])["amount"], json!(1000));
+        assert_eq!(params(&emails[0])["status"], json!("paid"));
+    }
+
+    /// One change, one email: an operator setting an order to the status it already has (with
+    /// the same refund) queues no second notice.
+    pub async fn the_same_change_announced_twice_queues_one_email(t: Ctx) {
+        t.record(paid("evt_1", "ord_1")).await;
+        assert_eq!(
+            t.ops
+                .set_status_by_operator("ord_1", Paid, t.now())
+                .unwrap(),
+            Paid
+        );
+        assert_eq!(t.templates("ord_1"), ["receipt"]);
+    }
+
+    // --- backup --------------------------------------------------------------------------------
+
+    /// A backup is a copy as of the moment it was taken: its report counts what it holds, and
+    /// the copy reads the same orders and events (what is written afterwards is not in it).
+    pub async fn a_backup_holds_the_orders_and_events_as_they_were(t: Ctx) {
+        t.record(paid("evt_1", "ord_1")).await;
+        t.record(ev("evt_2").order("ord_2").to(Pending)).await;
+        t.record(ev("evt_3").kind("customer.created")).await;
+        t.create_api_order(new_order("ord_3")).await;
+        let out = t.engine.backup_path();
+        let report = t.ops.backup(&out).unwrap();
+        assert_eq!((report.orders, report.processed_events), (3, 3));
+        assert!(report.pages > 0);
+        t.advance(1);
+        t.record(paid("evt_4", "ord_4")).await;
+
+        let Some(copy) = t.engine.open_backup(&out) else {
+            eprintln!("this engine's backups cannot be opened here: the report alone was checked");
+            return;
+        };
+        for order_id in ["ord_1", "ord_2", "ord_3"] {
+            let original = t.ops.order(order_id).unwrap();
+            assert!(original.is_some());
+            assert_eq!(copy.order(order_id).unwrap(), original);
+        }
+        assert_eq!(copy.order("ord_4").unwrap(), None);
+        let events = |m: &dyn Maintenance| serde_json::to_value(m.events(None, ALL).unwrap());
+        let mut now = events(&*t.ops).unwrap();
+        now.as_array_mut().unwrap().remove(0); // evt_4, after the backup
+        assert_eq!(events(&*copy).unwrap(), now);
+        assert_eq!(
+            serde_json::to_value(copy.outbox(None, ALL).unwrap()).unwrap(),
+            serde_json::to_value(t.ops.outbox(None, ALL).unwrap()[1..].to_vec()).unwrap()
+        );
+    }
+
+    pub async fn a_backup_never_overwrites_an_existing_file(t: Ctx) {
+        t.record(paid("evt_1", "ord_1")).await;
+        let out = t.engine.backup_path();
+        std::fs::write(&out, "keep me").unwrap();
+        let refused = t.ops.backup(&out);
+        assert!(
+            matches!(&refused, Err(StoreError::Exists(_))),
+            "{refused:?}"
+        );
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "keep me");
+    }
+}
+
+// ==========================================================================================
+// The SQLite engine: the one place this suite names an engine. A second engine adds its own
+// `Engine` impl here and one `conformance_suite!` line.
+// ==========================================================================================
+
+mod sqlite_engine {
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    use sekali::clock::SharedClock;
+    use sekali::store::sqlite::{
+        SqliteMaintenance, SqliteStore, WriterConfig, DEFAULT_BUSY_TIMEOUT,
+    };
+    use sekali::store::{Maintenance, Store};
+
+    use super::Engine;
+
+    /// A database file in a temporary directory of its own, removed with it.
+    pub struct SqliteEngine {
+        dir: tempfile::TempDir,
+    }
+
+    impl Engine for SqliteEngine {
+        fn new() -> Self {
+            SqliteEngine {
+                dir: tempfile::tempdir().expect("a temporary directory"),
+            }
+        }
+
+        fn open(&self, clock: SharedClock) -> (Arc<dyn Store>, Box<dyn Maintenance>) {
+            let db_path = self.dir.path().join("sekali.db");
+            let store = SqliteStore::open(
+                WriterConfig {
+                    db_path: db_path.clone(),
+                    batch_max: 64,
+                    queue_capacity: 256,
+                    busy_timeout: DEFAULT_BUSY_TIMEOUT,
+                    max_page_count: None,
+                    reread_parked: None,
+                },
+                clock,
+            )
+            .expect("the store opens");
+            let maintenance = SqliteMaintenance::open(&db_path, true).expect("the database opens");
+            (Arc::new(store), Box::new(maintenance))
+        }
+
+        fn backup_path(&self) -> PathBuf {
+            self.dir.path().join("backup.db")
+        }
+
+        fn open_backup(&self, path: &Path) -> Option<Box<dyn Maintenance>> {
+            Some(Box::new(
+                SqliteMaintenance::open(path, false).expect("the copy opens"),
+            ))
+        }
+    }
+}
+
+use sqlite_engine::SqliteEngine;
+
+conformance_suite!(sqlite, SqliteEngine);
