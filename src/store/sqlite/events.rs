@@ -6,7 +6,6 @@
 //! at all.
 
 use rusqlite::{params, OptionalExtension};
-use sha2::{Digest, Sha256};
 
 use super::statements::Statements;
 use super::StoreError;
@@ -373,30 +372,9 @@ fn record_transition(
     Ok(())
 }
 
-/// `email_outbox.params`: what the templates render. Serialised straight from borrowed fields
-/// (no intermediate `serde_json::Value`): this runs for most deliveries. The fields are in
-/// alphabetical order, the order the rows have always had.
-#[derive(serde::Serialize)]
-struct NoticeParams<'a> {
-    /// The amount the email shows: for a receipt what was paid, else the order's.
-    amount: Option<i64>,
-    currency: Option<&'a str>,
-    event_id: &'a str,
-    /// Decimals of `amount` and `refunded_amount` (the order's provider's minor units); absent
-    /// for an order older than schema version 5, whose renderer asks the provider.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    exponent: Option<u32>,
-    order_id: &'a str,
-    provider: &'a str,
-    refunded_amount: i64,
-    /// The currency of `refunded_amount` (the order's).
-    refunded_currency: Option<&'a str>,
-    status: &'a str,
-}
-
-/// Queues the notice for the status in `order` if it has one. The idempotency key is derived
-/// from the change itself, so two different events announcing the same change cannot queue two
-/// emails.
+/// Queues the notice the order's new state carries, if it has one (see
+/// [`crate::domain::notice_for`]). Its key is the change itself, so two different events
+/// announcing the same change cannot queue two emails.
 fn queue_notice(
     db: &mut Statements<'_>,
     provider: &str,
@@ -405,36 +383,9 @@ fn queue_notice(
     order: &OrderState,
     now: &str,
 ) -> rusqlite::Result<()> {
-    let Some(notice) = order.status.notice() else {
+    let Some(notice) = crate::domain::notice_for(order_id, order, provider, event_id) else {
         return Ok(());
     };
-    let key = outbox_idempotency_key(
-        order_id,
-        notice.template(),
-        order.status,
-        order.refunded_amount,
-    );
-    // A receipt says what the customer paid: after a mismatch that an operator settled, that
-    // is not the order's amount.
-    let (amount, currency) = match (notice, order.paid_amount) {
-        (crate::domain::Notice::Receipt, Some(paid)) => (
-            Some(paid),
-            order.paid_currency.as_deref().or(order.currency.as_deref()),
-        ),
-        _ => (order.amount, order.currency.as_deref()),
-    };
-    let params_json = serde_json::to_string(&NoticeParams {
-        order_id,
-        status: order.status.as_str(),
-        amount,
-        refunded_amount: order.refunded_amount,
-        exponent: order.exponent,
-        currency,
-        refunded_currency: order.currency.as_deref(),
-        provider,
-        event_id,
-    })
-    .expect("serialising plain fields cannot fail");
     db.prepare(
         "INSERT INTO email_outbox (order_id, recipient, template, params, idempotency_key, status,
                                    attempts, created_at, event_id, next_attempt_at)
@@ -444,34 +395,13 @@ fn queue_notice(
     .execute(params![
         order_id,
         order.customer_email,
-        notice.template(),
-        params_json,
-        key,
+        notice.template,
+        notice.params,
+        notice.key,
         now,
         event_id
     ])?;
     Ok(())
-}
-
-/// Hex SHA-256 over the order id, template, status and refunded amount: `[0-9a-f]{64}`, so it can
-/// stand verbatim in a Message-ID or an HTTP header.
-pub fn outbox_idempotency_key(
-    order_id: &str,
-    template: &str,
-    status: OrderStatus,
-    refunded_amount: i64,
-) -> String {
-    let mut hasher = Sha256::new();
-    for part in [
-        order_id,
-        template,
-        status.as_str(),
-        &refunded_amount.to_string(),
-    ] {
-        hasher.update(part.as_bytes());
-        hasher.update([0x1f]); // unit separator: no part can run into the next
-    }
-    crate::domain::hex_lower(&hasher.finalize())
 }
 
 /// Records that the payment `reference` belongs to `order_id` and, the first time, applies the
