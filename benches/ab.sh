@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Two builds of sekali, A and B, against the same load in one run, interleaved pair by pair so
+# that the machine's drift falls on both: `sekali serve` as shops run it (the relay on, writing
+# `.eml` files), EVENTS unique signed Stripe deliveries plus 20 % racing redeliveries at
+# CONNECTIONS connections, every run checked with --check-db. One load generator (B's) drives
+# both. Prints each run, then the median deliveries/s, p99 and max of each side and B/A. Each
+# run's files are kept until the end (see benches/relay_drain.sh: on a file system mounted with
+# `discard`, deleting many files slows the next runs).
+#
+#   benches/ab.sh A_BINARY B_BINARY [PAIRS (4)] [EVENTS (100000)] [CONNECTIONS (64)] [-- SERVE_ARGS…]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+a=$1
+b=$2
+pairs=${3:-4}
+events=${4:-100000}
+connections=${5:-64}
+shift $(($# < 5 ? $# : 5))
+[ "${1:-}" = "--" ] && shift
+export STRIPE_WEBHOOK_SECRET=whsec_ab_c2VrYWxpLWFi
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+
+run() { # side binary pair
+    local side=$1 binary=$2 dir=$work/$1-$3 port server
+    shift 3
+    mkdir -p "$dir"
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    env -u RUST_LOG "$binary" serve --listen "127.0.0.1:$port" --db "$dir/sekali.db" \
+        --mail-dir "$dir/mail" "$@" 2> "$dir/serve.log" &
+    server=$!
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        sleep 0.1
+    done
+    "$b" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events "$events" --dup-ratio 0.2 \
+        --concurrency "$connections" --check-db "$dir/sekali.db" | head -1 > "$dir/report.json"
+    kill -TERM "$server"
+    wait "$server" || true
+    python3 - "$side" "$dir/report.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[2]))
+print(f"{sys.argv[1]} {r['deliveries_per_sec']:.0f} {r['p99_ms']:.2f} {r['max_ms']:.2f} {r['check_db']}")
+EOF
+}
+
+echo "A: $a"
+echo "B: $b"
+echo "side deliveries/s p99_ms max_ms check_db"
+for pair in $(seq "$pairs"); do
+    if [ $((pair % 2)) = 1 ]; then
+        run A "$a" "$pair" "$@" | tee -a "$work/results"
+        run B "$b" "$pair" "$@" | tee -a "$work/results"
+    else
+        run B "$b" "$pair" "$@" | tee -a "$work/results"
+        run A "$a" "$pair" "$@" | tee -a "$work/results"
+    fi
+done
+python3 - "$work/results" <<'EOF'
+import statistics, sys
+rows = [line.split() for line in open(sys.argv[1])]
+med = {s: [statistics.median(float(r[i]) for r in rows if r[0] == s) for i in (1, 2, 3)] for s in "AB"}
+for s in "AB":
+    print(f"median {s}: {med[s][0]:.0f}/s  p99 {med[s][1]:.2f} ms  max {med[s][2]:.2f} ms")
+print(f"B/A: deliveries/s {med['B'][0] / med['A'][0]:.3f}  p99 {med['B'][1] / med['A'][1]:.3f}")
+EOF
