@@ -385,20 +385,8 @@ impl Server {
             self.port
         );
         self.port = port;
-        let agent = agent();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(r) = agent
-                .get(&format!("http://127.0.0.1:{}/healthz", self.port))
-                .call()
-            {
-                if r.status() == 200 {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!(
+        assert!(
+            helpers::wait_until_healthy(&agent(), port, Duration::from_secs(20)),
             "the server did not become healthy; see {}",
             self.log.display()
         );

@@ -326,7 +326,7 @@ mod serve {
     use rusqlite::Connection;
     use serde_json::json;
 
-    use super::helpers::{port_from_log, rust_log_with_listening_line};
+    use super::helpers::{port_from_log, rust_log_with_listening_line, wait_until_healthy};
     use super::lossyfs::{CutReport, LossyMount};
 
     pub const STRIPE_SECRET: &str = "whsec_powercut_c2VrYWxpLXBvd2VyY3V0";
@@ -432,20 +432,8 @@ mod serve {
                 self.port
             );
             self.port = port;
-            let agent = agent();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline {
-                if let Ok(r) = agent
-                    .get(&format!("http://127.0.0.1:{}/healthz", self.port))
-                    .call()
-                {
-                    if r.status() == 200 {
-                        return;
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            panic!(
+            assert!(
+                wait_until_healthy(&agent(), port, Duration::from_secs(30)),
                 "sekali did not start after a cut; see {}",
                 self.log.display()
             );

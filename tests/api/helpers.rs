@@ -468,6 +468,23 @@ pub fn listening_port(line: &str) -> Option<u16> {
     Some(address.parse::<std::net::SocketAddr>().ok()?.port())
 }
 
+/// Polls `GET /healthz` on the loopback `port` with `agent` until it answers 200; false if
+/// `within` passes first.
+#[allow(dead_code)] // by chaos.rs and powercut.rs, whose servers restart after kills and cuts
+pub fn wait_until_healthy(agent: &ureq::Agent, port: u16, within: Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        let answer = agent
+            .get(&format!("http://127.0.0.1:{port}/healthz"))
+            .call();
+        if answer.is_ok_and(|r| r.status() == 200) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
 /// The port of the listening line that `child`, a `sekali serve` whose stderr is appended to
 /// `log`, writes there past byte `from` (the file's length when it was started). Panics,
 /// naming the log, if the child exits or `within` passes first.
