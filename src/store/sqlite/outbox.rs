@@ -28,16 +28,6 @@ fn in_write_transaction<T>(
     }
 }
 
-/// Claims due rows as `request` says, in its own transaction (a relay with a connection of its
-/// own: `sekali relay`).
-pub fn claim_due(
-    conn: &Connection,
-    request: &ClaimRequest,
-    now_ms: i64,
-) -> Result<Vec<ClaimedEmail>, StoreError> {
-    in_write_transaction(conn, || claim_due_in_transaction(conn, request, now_ms))
-}
-
 /// Claims due rows inside the caller's transaction (the writer's batch, for the relay inside
 /// `serve`). One UPDATE claims them all.
 pub fn claim_due_in_transaction(
@@ -94,19 +84,6 @@ pub fn claim_due_in_transaction(
     }
     claimed.sort_by_key(|e| e.id);
     Ok(claimed)
-}
-
-/// Records `results` for `owner` in one transaction of its own (`sekali relay`); see
-/// [`record_results_in_transaction`].
-pub fn record_results(
-    conn: &Connection,
-    owner: &str,
-    results: &[SendResult],
-    now_ms: i64,
-) -> Result<Vec<bool>, StoreError> {
-    in_write_transaction(conn, || {
-        record_results_in_transaction(conn, owner, results, now_ms)
-    })
 }
 
 /// Records every result of a relay's batch inside the caller's transaction: one commit (and one

@@ -266,12 +266,6 @@ impl Writer {
         })
     }
 
-    /// How many times the writer has replaced its connection since it started (after a panic
-    /// or a connection fault such as an I/O error). Reported by `/healthz`.
-    pub fn reopens(&self) -> u64 {
-        self.counters.reopens.load(Ordering::Relaxed)
-    }
-
     /// What the writer has done since it started.
     pub fn stats(&self) -> WriterStats {
         self.counters.read()
