@@ -18,16 +18,22 @@ pub struct ProviderName(String);
 impl ProviderName {
     /// A name is 1-32 lower-case letters and digits: it stands in a URL path and a column.
     pub fn new(name: &str) -> Result<Self, String> {
+        Self::from_owned(name.to_owned()).map_err(|name| {
+            format!("`{name}` is not a provider name (1-32 lower-case letters and digits)")
+        })
+    }
+
+    /// [`ProviderName::new`] for a name already owned (read from a column), without a copy; a
+    /// name that is not one is given back.
+    pub fn from_owned(name: String) -> Result<Self, String> {
         let valid = (1..=32).contains(&name.len())
             && name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
         if valid {
-            Ok(ProviderName(name.to_owned()))
+            Ok(ProviderName(name))
         } else {
-            Err(format!(
-                "`{name}` is not a provider name (1-32 lower-case letters and digits)"
-            ))
+            Err(name)
         }
     }
 
@@ -60,7 +66,7 @@ impl PartialEq<&str> for ProviderName {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OrderRef {
     /// The shop's own order id (Stripe `metadata.order_id` / `client_reference_id`, Midtrans
-    /// `order_id`).
+    /// `order_id`, Xendit `external_id`).
     OrderId(String),
     /// Only a payment's id (a Stripe PaymentIntent, or for a charge of the Charges API the
     /// charge); the order is whichever one recorded it. `park_if_unlinked` is set for charges and
@@ -104,7 +110,8 @@ pub struct StatusChange {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NormalizedEvent {
     pub provider: ProviderName,
-    /// The provider's event id (`evt_…`), or the derived Midtrans id.
+    /// The provider's event id (Stripe `evt_…`, Xendit's `webhook-id` header), or one derived
+    /// from the delivery where it has none (Midtrans; Xendit without the header).
     pub event_id: String,
     pub event_type: String,
     pub order_ref: OrderRef,

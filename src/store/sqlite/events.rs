@@ -184,38 +184,32 @@ pub(crate) fn load_order(
              FROM orders WHERE order_id = ?1",
         )?
         .query_row([order_id], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                OrderState {
-                    provider: ProviderName::new("stripe").expect("a valid name"), // replaced below
-                    exponent: row.get(10)?,
-                    status: OrderStatus::Pending, // replaced below
-                    from_api: row.get(7)?,
-                    amount: row.get(2)?,
-                    refunded_amount: row.get(3)?,
-                    currency: row.get(4)?,
-                    customer_email: row.get(5)?,
-                    payment_ref: row.get(6)?,
-                    paid_amount: row.get(8)?,
-                    paid_currency: row.get(9)?,
-                },
-            ))
+            let unreadable = |column: &str, value: &str| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    0,
+                    rusqlite::types::Type::Text,
+                    format!("orders.{column} holds `{value}`").into(),
+                )
+            };
+            let status: String = row.get(0)?;
+            let provider: String = row.get(1)?;
+            Ok(OrderState {
+                status: status.parse().map_err(|_| unreadable("status", &status))?,
+                provider: ProviderName::from_owned(provider)
+                    .map_err(|provider| unreadable("provider", &provider))?,
+                exponent: row.get(10)?,
+                from_api: row.get(7)?,
+                amount: row.get(2)?,
+                refunded_amount: row.get(3)?,
+                currency: row.get(4)?,
+                customer_email: row.get(5)?,
+                payment_ref: row.get(6)?,
+                paid_amount: row.get(8)?,
+                paid_currency: row.get(9)?,
+            })
         })
         .optional()?;
-    let Some((status, provider, mut state)) = row else {
-        return Ok(None);
-    };
-    let unreadable = |column: &str, value: &str| {
-        rusqlite::Error::FromSqlConversionFailure(
-            0,
-            rusqlite::types::Type::Text,
-            format!("orders.{column} holds `{value}`").into(),
-        )
-    };
-    state.status = status.parse().map_err(|_| unreadable("status", &status))?;
-    state.provider = ProviderName::new(&provider).map_err(|_| unreadable("provider", &provider))?;
-    Ok(Some(state))
+    Ok(row)
 }
 
 /// Moves `order_id` as [`decide`] says and queues the customer notice for the status reached.
