@@ -197,9 +197,7 @@ impl Provider for Midtrans {
                     .confirmed_by(&answer)
                     .map_err(|e| not_confirmed(&e))?;
             }
-            let mut event = notification.normalise();
-            event.retention = self.retention;
-            Ok(event)
+            Ok(notification.normalise())
         })
     }
 

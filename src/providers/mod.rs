@@ -100,7 +100,8 @@ pub trait Provider: Send + Sync {
     fn name(&self) -> &ProviderName;
 
     /// Verifies one delivery (its headers and raw body, at `now_unix`) and reads it into its
-    /// normalised form, with the provider's retention set. A provider that confirms deliveries
+    /// normalised form (its `retention` is the webhook route's to set, from [`Provider::retention`],
+    /// for every provider alike). A provider that confirms deliveries
     /// with its own API does so here, hence the future (it runs on the HTTP worker).
     fn verify<'a>(
         &'a self,

@@ -114,9 +114,7 @@ impl Provider for Stripe {
                     SignatureError::TimestampOutsideTolerance { .. }
                     | SignatureError::NoMatchingSignature => Rejection::unauthorized(e.to_string()),
                 })?;
-            let mut event = parse_event(body)?;
-            event.retention = self.retention;
-            Ok(event)
+            Ok(parse_event(body)?)
         })()))
     }
 

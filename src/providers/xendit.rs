@@ -128,9 +128,7 @@ impl Provider for Xendit {
             verify_callback_token(headers.get(TOKEN_HEADER), &self.token)
                 .map_err(|e| Rejection::unauthorized(e.to_string()))?;
             let webhook_id = webhook_id(headers)?;
-            let mut event = parse_callback(body)?.normalise(webhook_id)?;
-            event.retention = self.retention;
-            Ok(event)
+            Ok(parse_callback(body)?.normalise(webhook_id)?)
         })()))
     }
 

@@ -75,13 +75,15 @@ async fn handle(
     state: &AppState,
 ) -> Result<Recorded, WebhookError> {
     let body = read_body(req, payload, state.max_body_bytes).await?;
-    let event = provider
+    let mut event = provider
         .verify(
             &RequestHeaders(req.headers()),
             &body,
             state.clock.now_unix(),
         )
         .await?;
+    // How long this provider's ids are remembered: `--retention NAME=…` or its default.
+    event.retention = provider.retention();
     record(state, event, body).await
 }
 
