@@ -299,7 +299,7 @@ impl PayloadError {
 
 /// serde_json appends " at line L column C"; the position is noise for a webhook sender and the
 /// message already names the field.
-fn strip_position(err: &serde_json::Error) -> String {
+pub(crate) fn strip_position(err: &serde_json::Error) -> String {
     let text = err.to_string();
     match text.rfind(" at line ") {
         Some(at) => text[..at].to_owned(),

@@ -515,19 +515,10 @@ pub fn parse_event(body: &[u8]) -> Result<NormalizedEvent, PayloadError> {
                 PayloadError::InvalidEvent(format!(
                     "data.object.{}: {}",
                     e.path(),
-                    strip_serde_position(e.inner())
+                    super::strip_position(e.inner())
                 ))
             })?;
     Ok(normalise_handled(envelope.id, envelope.kind, object))
-}
-
-/// serde_json appends " at line L column C"; the path already says where.
-fn strip_serde_position(err: &serde_json::Error) -> String {
-    let text = err.to_string();
-    match text.rfind(" at line ") {
-        Some(at) => text[..at].to_owned(),
-        None => text,
-    }
 }
 
 /// Thin events are a setting of the endpoint, so every event it sends is thin: the first one is
