@@ -570,12 +570,13 @@ fn is_legacy_charge(object: &EventObject) -> bool {
 /// Fully refunded: Stripe says so (`refunded`), or everything captured was refunded. A charge
 /// captured for less than its `amount` is fully refunded at `amount_captured`, not `amount`.
 fn is_fully_refunded(object: &EventObject) -> bool {
-    let captured = object
-        .amount_captured
-        .filter(|&captured| captured > 0)
-        .or(object.amount);
     object.refunded == Some(true)
-        || matches!((object.amount_refunded, captured), (Some(refunded), Some(captured)) if refunded >= captured)
+        || matches!((object.amount_refunded, captured_amount(object.amount_captured, object.amount)), (Some(refunded), Some(captured)) if refunded >= captured)
+}
+
+/// What a charge captured: `amount_captured`, or its `amount` where that is absent or zero.
+fn captured_amount(amount_captured: Option<i64>, amount: Option<i64>) -> Option<i64> {
+    amount_captured.filter(|&captured| captured > 0).or(amount)
 }
 
 fn normalise_handled(event_id: String, kind: String, object: EventObject) -> NormalizedEvent {
@@ -639,7 +640,7 @@ fn normalise_handled(event_id: String, kind: String, object: EventObject) -> Nor
             } else if kind.starts_with("checkout.session.") {
                 object.amount_total
             } else if kind == "charge.succeeded" || kind == "charge.captured" {
-                object.amount_captured.filter(|&c| c > 0).or(object.amount)
+                captured_amount(object.amount_captured, object.amount)
             } else {
                 None
             },
