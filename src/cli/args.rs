@@ -270,6 +270,7 @@ impl RelayArgs {
     pub(super) fn into_config(
         self,
         db_path: PathBuf,
+        host: crate::jobs::relay::RelayHost,
     ) -> (
         crate::jobs::relay::RelayConfig,
         crate::mail::transport::MailConfig,
@@ -288,11 +289,7 @@ impl RelayArgs {
             max_attempts: self.relay_max_attempts,
             lease: self.relay_lease,
             transport_timeout: self.relay_timeout,
-            batch: if mail.smtp_url.is_some() || mail.http_url.is_some() {
-                crate::jobs::relay::NETWORK_BATCH
-            } else {
-                crate::jobs::relay::FILE_BATCH
-            },
+            batch: host.batch(mail.smtp_url.is_some() || mail.http_url.is_some()),
             poll_interval: self.relay_poll_interval,
             owner,
             from: mail.from.clone(),

@@ -13,6 +13,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{self, Settings};
 use crate::domain::text::{escaped_block, Escaped};
 use crate::domain::OrderStatus;
+use crate::jobs::relay::RelayHost;
 use crate::providers::{ProviderSettings, Providers};
 use crate::startup::Application;
 use crate::store::sqlite::{SqliteMaintenance, SqliteStore, WriterConfig};
@@ -77,7 +78,10 @@ pub(super) fn serve(args: ServeArgs) -> CommandResult {
     settings.workers = args.workers;
     settings.idempotency_retention = args.idempotency_retention;
     if !args.no_relay {
-        settings.relay = Some(args.relay.into_config(settings.db_path.clone()));
+        settings.relay = Some(
+            args.relay
+                .into_config(settings.db_path.clone(), RelayHost::Serve),
+        );
     }
     let served = actix_web::rt::System::new().block_on(async move {
         let app = Application::build(settings, Arc::new(SystemClock))?;
@@ -163,7 +167,7 @@ pub(super) fn replay(args: ReplayArgs) -> CommandResult {
 
 pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
     crate::telemetry::init();
-    let (config, mail) = args.relay.into_config(args.db.db);
+    let (config, mail) = args.relay.into_config(args.db.db, RelayHost::Alone);
     // Validated first: `check` creates the mail directory.
     config.validate(mail.uses_http_api())?;
     mail.check()?;

@@ -116,7 +116,30 @@ impl Queue {
 /// The relay's rows per claim: a file batch shares its two syncs, so it is large; SMTP and the
 /// HTTP API send a batch concurrently, so it is what one server should take at once.
 pub const FILE_BATCH: usize = 256;
+/// `sekali relay`'s file batch: alone, its claims delay no delivery, and four thousand files
+/// share each sync (measured draining 200,000 rows: about 1.5 times the rows/s of 256).
+pub const ALONE_FILE_BATCH: usize = 4096;
 pub const NETWORK_BATCH: usize = 32;
+
+/// Where a relay runs, which sets how many rows it claims at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayHost {
+    /// Inside `serve`: its claims ride in the deliveries' transactions, so they stay short.
+    Serve,
+    /// `sekali relay`, a process of its own.
+    Alone,
+}
+
+impl RelayHost {
+    /// Rows per claim, for a transport that writes files or one that sends over the network.
+    pub fn batch(self, network: bool) -> usize {
+        match (self, network) {
+            (_, true) => NETWORK_BATCH,
+            (RelayHost::Serve, false) => FILE_BATCH,
+            (RelayHost::Alone, false) => ALONE_FILE_BATCH,
+        }
+    }
+}
 
 /// After a batch that was not full, the relay waits this long (or its poll interval, if
 /// shorter) before it claims again, so that under a steady load it sends a few full batches a
