@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use sekali::jobs::relay::FILE_BATCH;
-use sekali::mail::transport::{message_bytes, write_eml_batch, DirSync};
+use sekali::mail::transport::{write_eml_batch, DirSync, Messages};
 use sekali::mail::{render, RenderedEmail};
 use sekali::store::ClaimedEmail;
 
@@ -63,9 +63,15 @@ fn main() {
     );
 
     let started = Instant::now();
+    let mut messages = Messages::default();
     let files: Vec<(String, Vec<u8>)> = rendered
         .iter()
-        .map(|email| (email.idempotency_key.clone(), message_bytes(email).unwrap()))
+        .map(|email| {
+            (
+                email.idempotency_key.clone(),
+                messages.bytes(email).unwrap(),
+            )
+        })
         .collect();
     per_email("build the message (lettre, MIME)", started.elapsed(), n);
     let bytes: usize = files.iter().map(|(_, b)| b.len()).sum();
@@ -79,6 +85,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(FILE_BATCH);
+    yardstick(n);
     for sync in [DirSync::FileSystem, DirSync::EachFile] {
         // Kept, not deleted: on a file system mounted with `discard`, deleting 20,000 files
         // slows whatever writes next (here, the next configuration).
@@ -102,6 +109,43 @@ fn main() {
             "{:<44} {}",
             "  (the mail directory's file system gets)",
             DirSync::for_dir(dir).as_str()
+        );
+    }
+}
+
+/// The file system's own pace, as issue 16 measured it: 3 KB files created under their final
+/// names, with an fsync each, then with one syncfs per 256. Not crash-safe (a power cut can
+/// leave an empty or partial file under a final name, and a reader can see one being written),
+/// so not what the relay does; a yardstick for it, measured on the same disk in the same run.
+fn yardstick(n: usize) {
+    use std::io::Write;
+    let data = vec![b'x'; 3000];
+    for each_file in [true, false] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap()
+            .keep();
+        let handle = std::fs::File::open(&dir).unwrap();
+        // Fewer files with an fsync each: at a few thousand a second, n would take minutes.
+        let files = if each_file { n.min(5_000) } else { n };
+        let started = Instant::now();
+        for i in 0..files {
+            let mut file = std::fs::File::create(dir.join(format!("{i:08}.eml"))).unwrap();
+            file.write_all(&data).unwrap();
+            if each_file {
+                file.sync_data().unwrap();
+            } else if i % 256 == 255 {
+                rustix::fs::syncfs(&handle).unwrap();
+            }
+        }
+        rustix::fs::syncfs(&handle).unwrap();
+        per_email(
+            if each_file {
+                "yardstick: 3 KB files, an fsync each"
+            } else {
+                "yardstick: 3 KB files, one syncfs per 256"
+            },
+            started.elapsed(),
+            files,
         );
     }
 }

@@ -7,8 +7,11 @@
 //! `Rp 150.000`. Symbols, grouping, decimals and where the symbol goes come from ICU4X's currency
 //! formatter, not from a table kept here.
 
-use icu_experimental::dimension::currency::formatter::CurrencyFormatter;
+use icu_experimental::dimension::currency::formatter::CurrencyFormatter as CldrCurrencyFormatter;
 use icu_experimental::dimension::currency::CurrencyType;
+
+/// ICU4X's formatter of currency amounts in full (not compact) decimal notation.
+type CurrencyFormatter = CldrCurrencyFormatter<icu_decimal::DecimalFormatter>;
 
 /// Decimals of `currency`'s minor unit under ISO 4217 (`iso_currency`'s data): JPY 0, IDR 2,
 /// BHD 3. A code ISO does not know, or one without minor units (XAU), counts as 2: the common
@@ -52,16 +55,45 @@ pub fn parse_decimal_minor_units(text: &str, exponent: u32) -> Option<i64> {
 pub fn format_amount(minor: i64, currency: &str, exponent: u32, locale: &str) -> String {
     let code = currency.to_ascii_uppercase();
     let decimal_text = decimal_text(minor, exponent);
-    let formatted = (|| {
-        let locale: icu_locale::Locale = locale.parse().ok()?;
-        let currency = CurrencyType::try_from_str(&code).ok()?;
-        let formatter =
-            CurrencyFormatter::try_new_symbol(locale.into(), currency, Default::default()).ok()?;
+    let formatted = with_formatter(locale, &code, |formatter| {
         let decimal: fixed_decimal::Decimal = decimal_text.parse().ok()?;
         let text = formatter.format_fixed_decimal(&decimal).to_string();
         Some(text)
-    })();
+    });
     formatted.unwrap_or_else(|| format!("{code} {decimal_text}"))
+}
+
+/// A formatter is kept per thread for each locale and currency it was asked for: loading one
+/// from CLDR's data costs more than the rest of an email's rendering. `None` for a locale or
+/// currency CLDR does not know.
+fn with_formatter(
+    locale: &str,
+    code: &str,
+    format: impl FnOnce(&CurrencyFormatter) -> Option<String>,
+) -> Option<String> {
+    type Formatters = std::collections::HashMap<(String, String), Option<CurrencyFormatter>>;
+    thread_local! {
+        static FORMATTERS: std::cell::RefCell<Formatters> = Default::default();
+    }
+    /// Two locales times the currencies a shop takes; past this, a hostile stream of made-up
+    /// codes starts the cache over rather than growing it.
+    const KEPT: usize = 512;
+    FORMATTERS.with_borrow_mut(|formatters| {
+        let key = (locale.to_owned(), code.to_owned());
+        if !formatters.contains_key(&key) {
+            if formatters.len() >= KEPT {
+                formatters.clear();
+            }
+            let formatter = (|| {
+                let locale: icu_locale::Locale = locale.parse().ok()?;
+                let currency = CurrencyType::try_from_str(code).ok()?;
+                CldrCurrencyFormatter::try_new_symbol(locale.into(), currency, Default::default())
+                    .ok()
+            })();
+            formatters.insert(key.clone(), formatter);
+        }
+        format(formatters.get(&key)?.as_ref()?)
+    })
 }
 
 /// `minor` with `exponent` decimals as plain decimal text: `(150050, 2)` is `1500.50`.

@@ -389,16 +389,17 @@ pub async fn run_relay(
     Ok(())
 }
 
-/// A claimed batch being sent: what became of each row, in order (`None` for a row without a
+/// A claimed batch being sent: the rows, and what became of each (`None` for a row without a
 /// recipient), once the task ends.
 struct InFlight {
-    claimed: Vec<ClaimedEmail>,
+    claimed: Arc<Vec<ClaimedEmail>>,
     attempts: actix_web::rt::task::JoinHandle<Vec<Option<Result<(), SendError>>>>,
 }
 
 impl InFlight {
-    /// Renders the rows that are to be sent and hands them to the transport as one batch (see
-    /// [`Transport::send_batch`]), on a task of the relay's event loop.
+    /// Renders the rows that are to be sent, off the event loop (a batch costs milliseconds of
+    /// CPU, which then overlap the batch before being sent), and hands them to the transport
+    /// as one batch (see [`Transport::send_batch`]), on a task of the relay's event loop.
     fn start(
         config: &RelayConfig,
         transport: &std::rc::Rc<Transport>,
@@ -406,21 +407,33 @@ impl InFlight {
         claimed: Vec<ClaimedEmail>,
     ) -> InFlight {
         let now_ms = clock.now_millis();
-        let mut attempts: Vec<Option<Result<(), SendError>>> = Vec::with_capacity(claimed.len());
-        let mut to_send: Vec<(usize, RenderedEmail)> = Vec::new();
-        for (index, email) in claimed.iter().enumerate() {
-            attempts.push(match prepare(transport, now_ms, email, &config.from) {
-                Prepared::Done(result) => result,
-                Prepared::Send(rendered) => {
-                    to_send.push((index, *rendered));
-                    None // replaced when it is sent
-                }
-            });
-        }
         let (transport, timeout) = (transport.clone(), config.transport_timeout);
+        let (from, checks_key_lifetime) = (config.from.clone(), transport.is_http());
+        let claimed = Arc::new(claimed);
+        let (rows, count) = (claimed.clone(), claimed.len());
         let attempts = actix_web::rt::spawn(async move {
+            let rendered = actix_web::rt::task::spawn_blocking(move || {
+                let mut attempts: Vec<Option<Result<(), SendError>>> =
+                    Vec::with_capacity(rows.len());
+                let mut to_send: Vec<(usize, RenderedEmail)> = Vec::new();
+                for (index, email) in rows.iter().enumerate() {
+                    attempts.push(match prepare(checks_key_lifetime, now_ms, email, &from) {
+                        Prepared::Done(result) => result,
+                        Prepared::Send(rendered) => {
+                            to_send.push((index, *rendered));
+                            None // replaced when it is sent
+                        }
+                    });
+                }
+                (attempts, to_send)
+            })
+            .await;
+            let Ok((mut attempts, to_send)) = rendered else {
+                let failed = Some(Err(SendError::transient("rendering the batch failed")));
+                return vec![failed; count];
+            };
             let (indexes, rendered): (Vec<usize>, Vec<RenderedEmail>) = to_send.into_iter().unzip();
-            let sent = transport.send_batch(&rendered, timeout).await;
+            let sent = transport.send_batch(rendered, timeout).await;
             for (index, result) in indexes.into_iter().zip(sent) {
                 attempts[index] = Some(result);
             }
@@ -436,14 +449,15 @@ enum Prepared {
     Send(Box<RenderedEmail>),
 }
 
-fn prepare(transport: &Transport, now_ms: i64, email: &ClaimedEmail, from: &str) -> Prepared {
+/// `checks_key_lifetime`: the transport is the HTTP email API, whose idempotency keys expire.
+fn prepare(checks_key_lifetime: bool, now_ms: i64, email: &ClaimedEmail, from: &str) -> Prepared {
     if email.recipient.is_none() {
         return Prepared::Done(None);
     }
     // Past the key's lifetime after the first try that may have reached the API, a resend
     // could deliver the email twice. (Counted tries alone always fit, see `validate`; but waits
     // for an unavailable transport count no try and can last longer.)
-    if transport.is_http()
+    if checks_key_lifetime
         && email
             .first_tried_ms
             .is_some_and(|first| now_ms - first >= DOWNSTREAM_KEY_LIFETIME.as_millis() as i64)

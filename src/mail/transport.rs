@@ -271,10 +271,11 @@ impl Transport {
 
     /// Delivers a relay's batch; the results are in the order of `emails`. SMTP and the HTTP
     /// API send the emails concurrently (SMTP over lettre's pool of connections, the API over
-    /// one client's), each within `timeout`; files are written as one durable batch.
+    /// one client's), each within `timeout`; files are built into messages off the event loop
+    /// and written as one durable batch, a message that cannot be built failing alone.
     pub async fn send_batch(
         &self,
-        emails: &[RenderedEmail],
+        emails: Vec<RenderedEmail>,
         timeout: Duration,
     ) -> Vec<Result<(), SendError>> {
         if emails.is_empty() {
@@ -286,30 +287,43 @@ impl Transport {
         };
         match self {
             Transport::File { dir, sync, writing } => {
-                let files: Result<Vec<(String, Vec<u8>)>, SendError> = emails
-                    .iter()
-                    .map(|email| Ok((email.idempotency_key.clone(), message_bytes(email)?)))
-                    .collect();
-                let files = match files {
-                    Ok(files) => files,
-                    // A message that cannot be built fails alone.
-                    Err(_) => {
-                        return futures_util::future::join_all(emails.iter().map(|e| self.send(e)))
-                            .await
-                    }
+                let count = emails.len();
+                let failed = |reason: &str| -> Vec<Result<(), SendError>> {
+                    (0..count)
+                        .map(|_| Err(SendError::transient(reason)))
+                        .collect()
+                };
+                // Building a message costs about as much CPU as writing it: it runs on another
+                // core while the batch before is being written.
+                let built = actix_web::rt::task::spawn_blocking(move || {
+                    emails
+                        .iter()
+                        .map(|email| Ok((email.idempotency_key.clone(), message_bytes(email)?)))
+                        .collect::<Vec<Result<(String, Vec<u8>), SendError>>>()
+                });
+                let Ok(built) = built.await else {
+                    return failed("building the messages failed");
                 };
                 let (dir, sync) = (dir.clone(), *sync);
                 let _one_at_a_time = writing.lock().await;
                 let write = actix_web::rt::task::spawn_blocking(move || {
-                    write_eml_batch(&dir, &files, sync)
+                    let mut files = Vec::with_capacity(built.len());
+                    let mut slots = Vec::with_capacity(built.len());
+                    for message in built {
+                        slots.push(message.map(|file| files.push(file)));
+                    }
+                    let mut written = write_eml_batch(&dir, &files, sync).into_iter();
+                    slots
+                        .into_iter()
+                        .map(|slot| {
+                            slot.and_then(|()| written.next().expect("one result per file"))
+                        })
+                        .collect::<Vec<_>>()
                 });
                 match tokio::time::timeout(timeout, write).await {
                     Ok(Ok(results)) => results,
-                    Ok(Err(_)) => emails
-                        .iter()
-                        .map(|_| Err(SendError::transient("writing the mail directory failed")))
-                        .collect(),
-                    Err(_) => emails.iter().map(|_| Err(timed_out())).collect(),
+                    Ok(Err(_)) => failed("writing the mail directory failed"),
+                    Err(_) => (0..count).map(|_| Err(timed_out())).collect(),
                 }
             }
             _ => {
@@ -380,37 +394,71 @@ impl Transport {
 
 /// The email as the bytes of one RFC 5322 message (what a `.eml` file holds).
 pub fn message_bytes(email: &RenderedEmail) -> Result<Vec<u8>, SendError> {
-    Ok(build_message(email)?.formatted())
+    Messages::default().bytes(email)
 }
 
 fn build_message(email: &RenderedEmail) -> Result<Message, SendError> {
-    let from: Mailbox = email
-        .from
-        .parse()
-        .map_err(|e| SendError::Permanent(format!("sender address: {e}")))?;
-    let to: Mailbox = email
-        .to
-        .parse()
-        .map_err(|e| SendError::Permanent(format!("recipient address: {e}")))?;
-    Message::builder()
-        .from(from)
-        .to(to)
-        .subject(email.subject.clone())
-        .message_id(Some(email.message_id.clone()))
-        .multipart(
-            MultiPart::alternative()
-                .singlepart(
-                    SinglePart::builder()
-                        .header(ContentType::TEXT_PLAIN)
-                        .body(email.text.clone()),
-                )
-                .singlepart(
-                    SinglePart::builder()
-                        .header(ContentType::TEXT_HTML)
-                        .body(email.html.clone()),
-                ),
-        )
-        .map_err(|e| SendError::Permanent(format!("building the message: {e}")))
+    Messages::default().build(email)
+}
+
+/// Builds messages, parsing the sender's address once for the emails that share it (a relay's
+/// all do): parsing addresses is a good part of what building a message costs.
+#[derive(Default)]
+pub struct Messages {
+    from: Option<(String, Mailbox)>,
+}
+
+impl Messages {
+    /// The email as the bytes of one RFC 5322 message (what a `.eml` file holds).
+    pub fn bytes(&mut self, email: &RenderedEmail) -> Result<Vec<u8>, SendError> {
+        Ok(self.build(email)?.formatted())
+    }
+
+    fn build(&mut self, email: &RenderedEmail) -> Result<Message, SendError> {
+        let from = match &self.from {
+            Some((text, mailbox)) if *text == email.from => mailbox.clone(),
+            _ => {
+                let mailbox: Mailbox = email
+                    .from
+                    .parse()
+                    .map_err(|e| SendError::Permanent(format!("sender address: {e}")))?;
+                self.from = Some((email.from.clone(), mailbox.clone()));
+                mailbox
+            }
+        };
+        // A bare address (what `render` gives) is checked without the parser of display names.
+        let to = match email.to.parse::<lettre::Address>() {
+            Ok(address) => Mailbox::new(None, address),
+            Err(_) => email
+                .to
+                .parse::<Mailbox>()
+                .map_err(|e| SendError::Permanent(format!("recipient address: {e}")))?,
+        };
+        // Given, lettre need not parse the two addresses back out of the headers it was given.
+        let envelope =
+            lettre::address::Envelope::new(Some(from.email.clone()), vec![to.email.clone()])
+                .map_err(|e| SendError::Permanent(format!("building the message: {e}")))?;
+        Message::builder()
+            .from(from)
+            .to(to)
+            .envelope(envelope)
+            .subject(email.subject.clone())
+            .message_id(Some(email.message_id.clone()))
+            .multipart(
+                MultiPart::alternative()
+                    .singlepart(
+                        SinglePart::builder()
+                            .header(ContentType::TEXT_PLAIN)
+                            .body(email.text.clone()),
+                    )
+                    .singlepart(
+                        SinglePart::builder()
+                            .header(ContentType::TEXT_HTML)
+                            .body(email.html.clone()),
+                    ),
+            )
+            .map_err(|e| SendError::Permanent(format!("building the message: {e}")))
+    }
 }
 
 /// Writes `files` (`(key, message)`) as `<dir>/<key>.eml`, and returns only once they are on
@@ -698,5 +746,45 @@ mod eml_tests {
             std::fs::read_to_string(mail.join("key0.eml")).unwrap(),
             "email 0\r\n"
         );
+    }
+
+    fn email(key: &str, to: &str) -> crate::mail::RenderedEmail {
+        crate::mail::RenderedEmail {
+            from: "Toko Sari <shop@toko.example>".into(),
+            to: to.into(),
+            subject: "Pembayaran diterima".into(),
+            text: "Terima kasih.".into(),
+            html: "<p>Terima kasih.</p>".into(),
+            idempotency_key: key.into(),
+            message_id: format!("<{key}@toko.example>"),
+        }
+    }
+
+    /// A message that cannot be built fails alone, permanently; the rest of its batch is
+    /// written as usual.
+    #[test]
+    fn a_message_that_cannot_be_built_fails_alone_and_its_batch_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mail = dir.path().join("mail");
+        let transport = super::Transport::File {
+            dir: mail.clone(),
+            sync: DirSync::FileSystem,
+            writing: tokio::sync::Mutex::new(()),
+        };
+        let batch = vec![
+            email("good0", "a@example.com"),
+            email("bad", "not an address"),
+            email("good1", "b@example.com"),
+        ];
+        let results = actix_web::rt::System::new()
+            .block_on(transport.send_batch(batch, std::time::Duration::from_secs(30)));
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        assert!(
+            matches!(&results[1], Err(super::SendError::Permanent(reason)) if reason.contains("recipient address")),
+            "{results:?}"
+        );
+        assert_eq!(names(&mail), ["good0.eml", "good1.eml"]);
+        let text = std::fs::read_to_string(mail.join("good1.eml")).unwrap();
+        assert!(text.contains("To: b@example.com"), "{text}");
     }
 }
