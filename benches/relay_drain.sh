@@ -3,15 +3,18 @@
 #
 #   benches/relay_drain.sh [ROWS (200000)] [ROUNDS (3)] [OTHER_BINARY]
 #
-# Fills one database with ROWS receipts (that many unique signed Stripe payments through
+# Fills a database with ROWS receipts (that many unique signed Stripe payments through
 # `sekali serve --no-relay`, with `sekali bench`), then, for each round, drains a fresh copy of it
 # with `sekali relay` into an empty mail directory and times it from start to the last row `sent`
-# (polled with sqlite3 every 50 ms). With OTHER_BINARY (another build of sekali), each round runs
-# both, alternating which goes first, so that the two are compared on the same disk in one run.
-# Rows/s are ROWS over the drain time; the mail directory is on the same file system as the
-# database (TMPDIR), as a shop's would be. Every round's files are kept until the run ends: on a
-# file system mounted with `discard`, deleting 200,000 files slows every file created for a
-# while after (seen here: drains fell from about 15,000 to about 3,000 rows/s for either build).
+# (polled with sqlite3 every 50 ms, by a query that reads one index entry: counting the rows left
+# cost a tenth of a core). With OTHER_BINARY (another build of sekali, even one from before the
+# schema changed: it fills a database of its own the same way), each round runs both, alternating
+# which goes first, so that the two are compared on the same disk in one run. Rows/s are ROWS
+# over the drain time; peak RSS is the relay's VmHWM. The mail directory is on the same file
+# system as the database (TMPDIR), as a shop's would be. Every round's files are kept until the
+# run ends: on a file system mounted with `discard`, deleting 200,000 files slows every file
+# created for a while after (seen here: drains fell from about 15,000 to about 3,000 rows/s for
+# either build), and so does a deletion still running when the script starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rows=${1:-200000}
@@ -24,30 +27,35 @@ export STRIPE_WEBHOOK_SECRET=whsec_drain_c2VrYWxpLWRyYWlu
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$bin" serve --no-relay --listen "127.0.0.1:$port" --db "$work/filled.db" 2> "$work/serve.log" &
-server=$!
-for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    sleep 0.1
-done
-"$bin" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events "$rows" --dup-ratio 0 \
-    --concurrency 64 --check-db "$work/filled.db" > "$work/fill.out"
-kill -TERM "$server"
-wait "$server" || true
-pending=$(sqlite3 "$work/filled.db" "SELECT count(*) FROM email_outbox WHERE status = 'pending'")
+fill() { # binary database
+    local port server
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    "$1" serve --no-relay --listen "127.0.0.1:$port" --db "$2" 2> "$2.serve.log" &
+    server=$!
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        sleep 0.1
+    done
+    "$1" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events "$rows" --dup-ratio 0 \
+        --concurrency 64 --check-db "$2" > "$2.fill.out"
+    kill -TERM "$server"
+    wait "$server" || true
+}
+fill "$bin" "$work/this.db"
+[ -z "$other" ] || fill "$other" "$work/other.db"
+pending=$(sqlite3 "$work/this.db" "SELECT count(*) FROM email_outbox WHERE status = 'pending'")
 echo "relay drain of $(git rev-parse --short HEAD): $pending pending rows, $rounds rounds"
 
 drain() { # label binary round
-    local label=$1 binary=$2 dir=$work/$1-$3 relay start end left
+    local label=$1 binary=$2 dir=$work/$1-$3 relay start end left peak
     mkdir -p "$dir"
-    cp "$work/filled.db" "$dir/sekali.db"
+    cp "$work/$label.db" "$dir/sekali.db"
     sync
     start=$(date +%s.%N)
     "$binary" relay --db "$dir/sekali.db" --mail-dir "$dir/mail" 2> "$dir/relay.log" &
     relay=$!
     while :; do
-        left=$(sqlite3 "$dir/sekali.db" "SELECT count(*) FROM email_outbox WHERE status <> 'sent'" 2>/dev/null || echo busy)
+        left=$(sqlite3 "$dir/sekali.db" "SELECT EXISTS (SELECT 1 FROM email_outbox WHERE status = 'pending')" 2>/dev/null || echo busy)
         [ "$left" = 0 ] && break
         if ! kill -0 "$relay" 2>/dev/null; then
             echo "$label: the relay exited with $left rows left; its log: $dir/relay.log" >&2
@@ -56,12 +64,15 @@ drain() { # label binary round
         sleep 0.05
     done
     end=$(date +%s.%N)
+    peak=$(awk '/^VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/$relay/status")
     kill -TERM "$relay"
     wait "$relay" || true
     files=$(find "$dir/mail" -name '*.eml' | wc -l)
-    awk -v l="$label" -v s="$start" -v e="$end" -v n="$pending" -v f="$files" \
-        'BEGIN { printf "%-8s %8.2f s %9.0f rows/s  %d files\n", l, e - s, n / (e - s), f }'
+    sent=$(sqlite3 "$dir/sekali.db" "SELECT count(*) FROM email_outbox WHERE status = 'sent'")
+    awk -v l="$label" -v s="$start" -v e="$end" -v n="$pending" -v f="$files" -v p="$peak" \
+        'BEGIN { printf "%-8s %8.2f s %9.0f rows/s  %d files  peak RSS %d MiB\n", l, e - s, n / (e - s), f, p }'
     [ "$files" = "$pending" ] || { echo "$label: $files files for $pending rows" >&2; exit 1; }
+    [ "$sent" = "$pending" ] || { echo "$label: $sent rows sent of $pending" >&2; exit 1; }
 }
 
 for round in $(seq "$rounds"); do

@@ -498,6 +498,7 @@ enum Naming {
     Unnamed,
     /// The same, linked through its link in /proc, as on a kernel before 6.10 (which the
     /// tests take directly).
+    #[cfg_attr(not(test), allow(dead_code))]
     UnnamedThroughProc,
     /// A temporary name, renamed into place (what a file system without `O_TMPFILE` gets).
     Temporary,
