@@ -242,6 +242,13 @@ pub async fn run_relay(
     queue: Queue,
 ) -> Result<(), RelayError> {
     let transport = std::rc::Rc::new(Transport::from_config(&mail)?);
+    // With an fsync per file (FUSE, NFS), a batch larger than the one `serve` uses saves no
+    // sync, and thousands of fsyncs could outlast the transport's timeout.
+    let batch = if transport.syncs_each_file() {
+        config.batch.min(FILE_BATCH)
+    } else {
+        config.batch
+    };
     let mut rng = config
         .seed
         .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
@@ -269,7 +276,7 @@ pub async fn run_relay(
             let request = ClaimRequest {
                 owner: config.owner.clone(),
                 lease_ms: config.lease.as_millis() as i64,
-                limit: if outage > 0 { 1 } else { config.batch },
+                limit: if outage > 0 { 1 } else { batch },
             };
             match queue.claim(request).await {
                 Ok(claimed) => claimed,
@@ -281,7 +288,7 @@ pub async fn run_relay(
         } else {
             Vec::new()
         };
-        let lingers = !next.is_empty() && next.len() < config.batch;
+        let lingers = !next.is_empty() && next.len() < batch;
         let next = (!next.is_empty()).then(|| InFlight::start(&config, &transport, &clock, next));
         let linger = config.poll_interval.min(LINGER);
         let Some(previous) = std::mem::replace(&mut sending, next) else {

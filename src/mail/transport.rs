@@ -337,6 +337,17 @@ impl Transport {
         }
     }
 
+    /// Files on a file system where each must be fsynced on its own (see [`DirSync`]).
+    pub fn syncs_each_file(&self) -> bool {
+        matches!(
+            self,
+            Transport::File {
+                sync: DirSync::EachFile,
+                ..
+            }
+        )
+    }
+
     pub fn is_http(&self) -> bool {
         matches!(self, Transport::Http { .. })
     }
