@@ -296,9 +296,10 @@ impl Transport {
                 // Building a message costs about as much CPU as writing it: it runs on another
                 // core while the batch before is being written.
                 let built = actix_web::rt::task::spawn_blocking(move || {
+                    let mut messages = Messages::default();
                     emails
                         .iter()
-                        .map(|email| Ok((email.idempotency_key.clone(), message_bytes(email)?)))
+                        .map(|email| Ok((email.idempotency_key.clone(), messages.bytes(email)?)))
                         .collect::<Vec<Result<(String, Vec<u8>), SendError>>>()
                 });
                 let Ok(built) = built.await else {
@@ -401,11 +402,6 @@ impl Transport {
             } => send_http(client, url, api_key, *timeout, email).await,
         }
     }
-}
-
-/// The email as the bytes of one RFC 5322 message (what a `.eml` file holds).
-pub fn message_bytes(email: &RenderedEmail) -> Result<Vec<u8>, SendError> {
-    Messages::default().bytes(email)
 }
 
 fn build_message(email: &RenderedEmail) -> Result<Message, SendError> {
