@@ -605,27 +605,23 @@ fn write_eml_files(
                     // opened it do that; before, it takes a privilege, and fails with ENOENT
                     // without it. Then the file's own link in /proc names it instead (a third
                     // slower, measured here).
-                    let linked = if empty_path {
-                        match rustix::fs::linkat(&file, "", &dir_fd, &name, AtFlags::EMPTY_PATH) {
-                            Err(Errno::NOENT | Errno::PERM | Errno::INVAL) => {
-                                empty_path = false;
-                                None
-                            }
-                            result => Some(result),
-                        }
-                    } else {
-                        None
-                    };
-                    let linked = linked.unwrap_or_else(|| {
-                        let own = format!("/proc/self/fd/{}", file.as_raw_fd());
-                        rustix::fs::linkat(
-                            rustix::fs::CWD,
-                            own,
-                            &dir_fd,
-                            &name,
-                            AtFlags::SYMLINK_FOLLOW,
-                        )
+                    let by_descriptor = empty_path.then(|| {
+                        rustix::fs::linkat(&file, "", &dir_fd, &name, AtFlags::EMPTY_PATH)
                     });
+                    let linked = match by_descriptor {
+                        Some(Err(Errno::NOENT | Errno::PERM | Errno::INVAL)) | None => {
+                            empty_path = false;
+                            let own = format!("/proc/self/fd/{}", file.as_raw_fd());
+                            rustix::fs::linkat(
+                                rustix::fs::CWD,
+                                own,
+                                &dir_fd,
+                                &name,
+                                AtFlags::SYMLINK_FOLLOW,
+                            )
+                        }
+                        Some(result) => result,
+                    };
                     match linked {
                         Ok(()) | Err(Errno::EXIST) => Ok(()),
                         Err(e) => Err(io("naming", e.into())),
