@@ -7,7 +7,8 @@
 use std::time::{Duration, Instant};
 
 use sekali::jobs::relay::FILE_BATCH;
-use sekali::mail::transport::{write_eml_batch, DirSync, Messages};
+use sekali::mail::eml::{write_eml_batch, DirSync};
+use sekali::mail::transport::Messages;
 use sekali::mail::{render, RenderedEmail};
 use sekali::store::ClaimedEmail;
 

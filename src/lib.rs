@@ -21,7 +21,8 @@
 //!   deliveries with the same providers the server verifies with.
 //! - [`startup`]: builds the HTTP server from [`config::Settings`] and opens the store; tests
 //!   build it on port 0.
-//! - [`clock`]: injectable time; [`durable`]: directory syncs; [`telemetry`]: logging.
+//! - [`clock`]: injectable time; [`durable`]: directory syncs; [`open_files`]: the open-file
+//!   limit; [`telemetry`]: logging.
 
 #![forbid(unsafe_code)]
 
@@ -43,6 +44,7 @@ pub mod domain;
 pub mod durable;
 pub mod jobs;
 pub mod mail;
+pub mod open_files;
 pub mod providers;
 pub mod replay;
 pub mod routes;

@@ -64,8 +64,22 @@ type CommandResult = Result<ExitCode, Box<dyn std::error::Error>>;
 
 const DONE: CommandResult = Ok(ExitCode::SUCCESS);
 
+/// The long-running commands hold a file per email of a batch, and a socket per connection:
+/// they take all the open files the system allows them (see [`crate::open_files`]).
+fn raise_open_file_limit() {
+    let (before, after) = crate::open_files::raise_limit();
+    if after > before {
+        tracing::debug!(
+            before,
+            after,
+            "raised the open-file limit to its hard limit"
+        );
+    }
+}
+
 pub(super) fn serve(args: ServeArgs) -> CommandResult {
     crate::telemetry::init();
+    raise_open_file_limit();
     let providers = configure_providers(&provider_options(&args))?;
     let api_tokens = config::api_tokens_from_env()?;
     let mut settings = Settings::new(args.listen, args.db, providers);
@@ -167,6 +181,7 @@ pub(super) fn replay(args: ReplayArgs) -> CommandResult {
 
 pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
     crate::telemetry::init();
+    raise_open_file_limit();
     let (config, mail) = args.relay.into_config(args.db.db, RelayHost::Alone);
     // Validated first: `check` creates the mail directory.
     config.validate(mail.uses_http_api())?;

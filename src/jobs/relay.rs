@@ -242,13 +242,7 @@ pub async fn run_relay(
     queue: Queue,
 ) -> Result<(), RelayError> {
     let transport = std::rc::Rc::new(Transport::from_config(&mail)?);
-    // With an fsync per file (FUSE, NFS), a batch larger than the one `serve` uses saves no
-    // sync, and thousands of fsyncs could outlast the transport's timeout.
-    let batch = if transport.syncs_each_file() {
-        config.batch.min(FILE_BATCH)
-    } else {
-        config.batch
-    };
+    let batch = config.batch.min(transport.batch_limit());
     let mut rng = config
         .seed
         .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
@@ -257,6 +251,7 @@ pub async fn run_relay(
         transport = transport.kind(),
         mail_dir = %transport.mail_dir().map(|d| d.display().to_string()).unwrap_or_default(),
         writes = queue.writes,
+        batch,
         "outbox relay started"
     );
     // Batches in a row that found the transport unavailable.

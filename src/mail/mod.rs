@@ -1,5 +1,6 @@
 //! Customer emails: rendering outbox rows, and the transports that deliver them.
 
+pub mod eml;
 pub mod transport;
 
 use minijinja::{context, Environment};

@@ -14,6 +14,7 @@ use lettre::message::{header::ContentType, Mailbox, MultiPart, SinglePart};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use secrecy::{ExposeSecret, SecretString};
 
+use super::eml::{self, DirSync};
 use super::RenderedEmail;
 
 pub const ENV_SMTP_URL: &str = "SEKALI_SMTP_URL";
@@ -21,6 +22,8 @@ pub const ENV_MAIL_API_URL: &str = "SEKALI_MAIL_API_URL";
 pub const ENV_MAIL_API_KEY: &str = "SEKALI_MAIL_API_KEY";
 pub const ENV_MAIL_FROM: &str = "SEKALI_MAIL_FROM";
 pub const DEFAULT_MAIL_FROM: &str = "sekali@localhost";
+/// The most emails of a batch for a mail directory where each file is fsynced on its own.
+pub const SYNCED_ONE_BY_ONE_BATCH: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendError {
@@ -74,14 +77,16 @@ pub enum TransportError {
 }
 
 pub enum Transport {
-    /// Default: `<mail dir>/<idempotency key>.eml`; a resend overwrites the same file. A file is
-    /// on the disk before its row is `sent` (see [`write_eml_batch`]).
+    /// Default: `<mail dir>/<idempotency key>.eml`; a resend finds the file written. A file is
+    /// on the disk before its row is `sent` (see [`crate::mail::eml`]).
     File {
         dir: PathBuf,
         sync: DirSync,
         /// One batch writes at a time: two at once only contend for the directory's lock
         /// (measured: a tenth of the relay's CPU spinning on it).
         writing: tokio::sync::Mutex<()>,
+        /// The most emails a batch may carry (see [`eml::files_per_batch`]).
+        files_per_batch: usize,
     },
     Smtp {
         transport: AsyncSmtpTransport<Tokio1Executor>,
@@ -98,51 +103,6 @@ pub enum Transport {
         /// the relay's thread).
         client: awc::Client,
     },
-}
-
-/// How the file transport makes a batch of emails durable before their rows are `sent`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DirSync {
-    /// One `syncfs(2)` for the whole batch: on a local journaling file system (ext4, XFS,
-    /// Btrfs, F2FS, ZFS; tmpfs and overlayfs pass it on), it writes every file's data out, as an
-    /// fsync each would, for the price of one. Measured on this kind of machine with 3 KB files:
-    /// about 35,000 files/s, against about 3,500/s with an fsync each.
-    FileSystem,
-    /// An fsync of each file: on any other file system (FUSE, NFS and the like), where syncfs
-    /// may not reach the server and promises nothing.
-    EachFile,
-}
-
-impl DirSync {
-    /// The cheapest sync that is a full barrier on the file system `dir` is on.
-    pub fn for_dir(dir: &std::path::Path) -> DirSync {
-        // statfs(2) f_type magic numbers of the file systems whose syncfs is a barrier.
-        const FULL_BARRIER: [u64; 8] = [
-            0xEF53,      // ext2, ext3, ext4
-            0x5846_5342, // XFS
-            0x9123_683E, // Btrfs
-            0xF2F5_2010, // F2FS
-            0x2FC1_2FC1, // ZFS
-            0x0102_1994, // tmpfs (nothing is durable; nothing to lose either)
-            0x794C_7630, // overlayfs (syncs its upper file system)
-            0x8584_58F6, // ramfs (as tmpfs)
-        ];
-        let kind = std::fs::File::open(dir)
-            .ok()
-            .and_then(|d| rustix::fs::fstatfs(&d).ok())
-            .map(|s| s.f_type as u64);
-        match kind {
-            Some(kind) if FULL_BARRIER.contains(&kind) => DirSync::FileSystem,
-            _ => DirSync::EachFile,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DirSync::FileSystem => "one syncfs per batch",
-            DirSync::EachFile => "an fsync per file",
-        }
-    }
 }
 
 impl MailConfig {
@@ -243,6 +203,7 @@ impl Transport {
             dir: config.mail_dir.clone(),
             sync: DirSync::for_dir(&config.mail_dir),
             writing: tokio::sync::Mutex::new(()),
+            files_per_batch: eml::files_per_batch(),
         })
     }
 
@@ -286,7 +247,9 @@ impl Transport {
             retry_after: None,
         };
         match self {
-            Transport::File { dir, sync, writing } => {
+            Transport::File {
+                dir, sync, writing, ..
+            } => {
                 let count = emails.len();
                 let failed = |reason: &str| -> Vec<Result<(), SendError>> {
                     (0..count)
@@ -305,27 +268,25 @@ impl Transport {
                 let Ok(built) = built.await else {
                     return failed("building the messages failed");
                 };
+                let mut files = Vec::with_capacity(built.len());
+                let mut slots = Vec::with_capacity(built.len());
+                for message in built {
+                    slots.push(message.map(|file| files.push(file)));
+                }
                 let (dir, sync) = (dir.clone(), *sync);
                 let _one_at_a_time = writing.lock().await;
                 let write = actix_web::rt::task::spawn_blocking(move || {
-                    let mut files = Vec::with_capacity(built.len());
-                    let mut slots = Vec::with_capacity(built.len());
-                    for message in built {
-                        slots.push(message.map(|file| files.push(file)));
-                    }
-                    let mut written = write_eml_batch(&dir, &files, sync).into_iter();
-                    slots
-                        .into_iter()
-                        .map(|slot| {
-                            slot.and_then(|()| written.next().expect("one result per file"))
-                        })
-                        .collect::<Vec<_>>()
+                    eml::write_eml_batch(&dir, &files, sync)
                 });
-                match tokio::time::timeout(timeout, write).await {
-                    Ok(Ok(results)) => results,
-                    Ok(Err(_)) => failed("writing the mail directory failed"),
-                    Err(_) => (0..count).map(|_| Err(timed_out())).collect(),
-                }
+                let mut written = match tokio::time::timeout(timeout, write).await {
+                    Ok(Ok(written)) => written.into_iter(),
+                    Ok(Err(_)) => return failed("writing the mail directory failed"),
+                    Err(_) => return (0..count).map(|_| Err(timed_out())).collect(),
+                };
+                slots
+                    .into_iter()
+                    .map(|slot| slot.and_then(|()| written.next().expect("one result per file")))
+                    .collect()
             }
             _ => {
                 futures_util::future::join_all(emails.iter().map(|email| async {
@@ -338,15 +299,22 @@ impl Transport {
         }
     }
 
-    /// Files on a file system where each must be fsynced on its own (see [`DirSync`]).
-    pub fn syncs_each_file(&self) -> bool {
-        matches!(
-            self,
+    /// The most rows a batch should carry on this transport, whatever the relay would claim.
+    /// Files: no more than the process may hold open (see [`eml::files_per_batch`]); where each
+    /// is fsynced on its own (FUSE, NFS), [`SYNCED_ONE_BY_ONE_BATCH`], since a larger batch
+    /// saves no sync there, and thousands of fsyncs could outlast the transport's timeout.
+    pub fn batch_limit(&self) -> usize {
+        match self {
             Transport::File {
-                sync: DirSync::EachFile,
+                sync,
+                files_per_batch,
                 ..
-            }
-        )
+            } => match sync {
+                DirSync::EachFile => SYNCED_ONE_BY_ONE_BATCH.min(*files_per_batch),
+                DirSync::FileSystem => *files_per_batch,
+            },
+            Transport::Smtp { .. } | Transport::Http { .. } => usize::MAX,
+        }
     }
 
     pub fn is_http(&self) -> bool {
@@ -359,7 +327,7 @@ impl Transport {
             Transport::File { dir, sync, .. } => {
                 let bytes = build_message(email)?.formatted();
                 let files = [(email.idempotency_key.clone(), bytes)];
-                write_eml_batch(dir, &files, *sync)
+                eml::write_eml_batch(dir, &files, *sync)
                     .pop()
                     .expect("one result per file")
             }
@@ -468,177 +436,6 @@ impl Messages {
     }
 }
 
-/// Writes `files` (`(key, message)`) as `<dir>/<key>.eml`, and returns only once they are on
-/// the disk, not merely in the page cache: the relay marks a row `sent` on this `Ok`, and a
-/// power cut must not take back an email the database says was sent.
-///
-/// Each email is written into a file that has no name yet (`O_TMPFILE`), then the data of all of
-/// them is synced (see [`DirSync`]), then each gets its name (`linkat`), then the directory is
-/// synced so that the names are durable too. A reader never sees half an email, and after a
-/// power cut a `.eml` file is whole or absent. One barrier of each kind per batch, not per file.
-///
-/// Why unnamed files: a name is a directory entry, and in a directory of 200,000 emails the
-/// entries cost more than the data. An unnamed file gets one entry; a temporary name costs three
-/// (its creation, and the rename's removal and insertion). On a file system without `O_TMPFILE`
-/// (FUSE, NFS) each email is written under a temporary name and renamed into place instead.
-///
-/// A name that exists already is an email written whole before (the relay sends a row again
-/// when a crash lost its result): names are only ever given to synced data.
-pub fn write_eml_batch(
-    dir: &std::path::Path,
-    files: &[(String, Vec<u8>)],
-    sync: DirSync,
-) -> Vec<Result<(), SendError>> {
-    // The file systems whose syncfs is a barrier are the local ones, which have O_TMPFILE; the
-    // others (FUSE, NFS) would refuse it for every batch.
-    let naming = match sync {
-        DirSync::FileSystem => Naming::Unnamed,
-        DirSync::EachFile => Naming::Temporary,
-    };
-    write_eml_files(dir, files, sync, naming)
-}
-
-/// How [`write_eml_files`] gives an email its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Naming {
-    /// An unnamed file, linked into place; a temporary name where the file system has none.
-    Unnamed,
-    /// The same, linked through its link in /proc, as on a kernel before 6.10 (which the
-    /// tests take directly).
-    #[cfg_attr(not(test), allow(dead_code))]
-    UnnamedThroughProc,
-    /// A temporary name, renamed into place (what a file system without `O_TMPFILE` gets).
-    Temporary,
-}
-
-fn write_eml_files(
-    dir: &std::path::Path,
-    files: &[(String, Vec<u8>)],
-    sync: DirSync,
-    naming: Naming,
-) -> Vec<Result<(), SendError>> {
-    use rustix::fs::{AtFlags, Mode, OFlags};
-    use rustix::io::Errno;
-    use std::io::Write;
-    use std::os::fd::AsRawFd;
-
-    let io = |what: &str, e: std::io::Error| {
-        SendError::transient(format!(
-            "{what} in the mail directory {}: {e}",
-            dir.display()
-        ))
-    };
-    let all_failed = |error: SendError| files.iter().map(|_| Err(error.clone())).collect();
-    if let Err(e) = crate::durable::create_dir_all(dir) {
-        return all_failed(io("creating it", e));
-    }
-    let dir_fd = match rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(e) => return all_failed(io("opening it", e.into())),
-    };
-    let file_mode = Mode::from_raw_mode(0o666);
-    let tmp_name = |key: &str| format!(".{key}.eml.tmp");
-
-    /// Where an email's data waits for its name.
-    enum Written {
-        Unnamed(std::fs::File),
-        Named(std::fs::File),
-    }
-    let mut unnamed_supported = naming != Naming::Temporary;
-    let mut written: Vec<Result<Written, SendError>> = Vec::with_capacity(files.len());
-    for (key, bytes) in files {
-        let mut write = || -> std::io::Result<Written> {
-            let state = match unnamed_supported
-                .then(|| {
-                    rustix::fs::openat(
-                        &dir_fd,
-                        ".",
-                        OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
-                        file_mode,
-                    )
-                })
-                .transpose()
-            {
-                Ok(Some(fd)) => Written::Unnamed(std::fs::File::from(fd)),
-                Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) | Ok(None) => {
-                    unnamed_supported = false;
-                    let fd = rustix::fs::openat(
-                        &dir_fd,
-                        tmp_name(key),
-                        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC,
-                        file_mode,
-                    )?;
-                    Written::Named(std::fs::File::from(fd))
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let (Written::Unnamed(file) | Written::Named(file)) = &state;
-            let mut file: &std::fs::File = file;
-            file.write_all(bytes)?;
-            if sync == DirSync::EachFile {
-                file.sync_data()?;
-            }
-            Ok(state)
-        };
-        written.push(write().map_err(|e| io("writing", e)));
-    }
-    if sync == DirSync::FileSystem && written.iter().any(Result::is_ok) {
-        if let Err(e) = rustix::fs::syncfs(&dir_fd) {
-            return all_failed(io("syncing", e.into()));
-        }
-    }
-    let mut empty_path = naming == Naming::Unnamed;
-    let results: Vec<Result<(), SendError>> = files
-        .iter()
-        .zip(written)
-        .map(|((key, _), written)| {
-            let name = format!("{key}.eml");
-            match written? {
-                Written::Named(_) => rustix::fs::renameat(&dir_fd, tmp_name(key), &dir_fd, &name)
-                    .map_err(|e| io("renaming", e.into())),
-                Written::Unnamed(file) => {
-                    // The file itself (AT_EMPTY_PATH): Linux 6.10 and later let the process that
-                    // opened it do that; before, it takes a privilege, and fails with ENOENT
-                    // without it. Then the file's own link in /proc names it instead (a third
-                    // slower, measured here).
-                    let by_descriptor = empty_path.then(|| {
-                        rustix::fs::linkat(&file, "", &dir_fd, &name, AtFlags::EMPTY_PATH)
-                    });
-                    let linked = match by_descriptor {
-                        Some(Err(Errno::NOENT | Errno::PERM | Errno::INVAL)) | None => {
-                            empty_path = false;
-                            let own = format!("/proc/self/fd/{}", file.as_raw_fd());
-                            rustix::fs::linkat(
-                                rustix::fs::CWD,
-                                own,
-                                &dir_fd,
-                                &name,
-                                AtFlags::SYMLINK_FOLLOW,
-                            )
-                        }
-                        Some(result) => result,
-                    };
-                    match linked {
-                        Ok(()) | Err(Errno::EXIST) => Ok(()),
-                        Err(e) => Err(io("naming", e.into())),
-                    }
-                }
-            }
-        })
-        .collect();
-    if results.iter().any(Result::is_ok) {
-        // The names are entries of the directory: its own fsync makes them durable.
-        if let Err(e) = rustix::fs::fsync(&dir_fd) {
-            return all_failed(io("syncing the directory", e.into()));
-        }
-    }
-    results
-}
-
 async fn send_http(
     client: &awc::Client,
     url: &str,
@@ -704,14 +501,8 @@ async fn send_http(
 }
 
 #[cfg(test)]
-mod eml_tests {
-    use super::{write_eml_files, DirSync, Naming};
-
-    fn batch() -> Vec<(String, Vec<u8>)> {
-        (0..5)
-            .map(|i| (format!("key{i}"), format!("email {i}\r\n").into_bytes()))
-            .collect()
-    }
+mod tests {
+    use super::DirSync;
 
     fn names(dir: &std::path::Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -720,60 +511,6 @@ mod eml_tests {
             .collect();
         names.sort();
         names
-    }
-
-    /// Both ways of naming leave exactly one whole file per email and nothing else: no
-    /// temporary name, no unnamed file left behind.
-    #[test]
-    fn each_email_is_one_whole_file_under_its_own_name_whichever_way_it_is_named() {
-        for naming in [
-            Naming::Unnamed,
-            Naming::UnnamedThroughProc,
-            Naming::Temporary,
-        ] {
-            for sync in [DirSync::FileSystem, DirSync::EachFile] {
-                let dir = tempfile::tempdir().unwrap();
-                let mail = dir.path().join("mail");
-                let results = write_eml_files(&mail, &batch(), sync, naming);
-                assert!(
-                    results.iter().all(Result::is_ok),
-                    "{naming:?} {sync:?}: {results:?}"
-                );
-                assert_eq!(
-                    names(&mail),
-                    (0..5).map(|i| format!("key{i}.eml")).collect::<Vec<_>>(),
-                    "{naming:?} {sync:?}"
-                );
-                for i in 0..5 {
-                    let text = std::fs::read_to_string(mail.join(format!("key{i}.eml"))).unwrap();
-                    assert_eq!(text, format!("email {i}\r\n"));
-                }
-            }
-        }
-    }
-
-    /// A resend after a crash finds its email written: an unnamed file's name exists only once
-    /// its data was synced, so the file there is whole and is kept.
-    #[test]
-    fn an_email_whose_name_exists_already_counts_as_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let mail = dir.path().join("mail");
-        assert!(
-            write_eml_files(&mail, &batch(), DirSync::FileSystem, Naming::Unnamed)
-                .iter()
-                .all(Result::is_ok)
-        );
-        let again: Vec<(String, Vec<u8>)> = batch()
-            .into_iter()
-            .map(|(key, _)| (key, b"sent again".to_vec()))
-            .collect();
-        let results = write_eml_files(&mail, &again, DirSync::FileSystem, Naming::Unnamed);
-        assert!(results.iter().all(Result::is_ok), "{results:?}");
-        assert_eq!(names(&mail).len(), 5);
-        assert_eq!(
-            std::fs::read_to_string(mail.join("key0.eml")).unwrap(),
-            "email 0\r\n"
-        );
     }
 
     fn email(key: &str, to: &str) -> crate::mail::RenderedEmail {
@@ -798,6 +535,7 @@ mod eml_tests {
             dir: mail.clone(),
             sync: DirSync::FileSystem,
             writing: tokio::sync::Mutex::new(()),
+            files_per_batch: 3,
         };
         let batch = vec![
             email("good0", "a@example.com"),
