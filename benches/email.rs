@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sekali::jobs::relay::FILE_BATCH;
 use sekali::mail::eml::{write_eml_batch, DirSync};
 use sekali::mail::transport::Messages;
-use sekali::mail::{render, RenderedEmail};
+use sekali::mail::{render, RenderedEmail, Sender};
 use sekali::store::ClaimedEmail;
 
 fn claimed(i: usize) -> ClaimedEmail {
@@ -53,9 +53,10 @@ fn main() {
     let rows: Vec<ClaimedEmail> = (0..n).map(claimed).collect();
 
     let started = Instant::now();
+    let sender = Sender::new("Toko Sari <shop@toko.example>");
     let rendered: Vec<RenderedEmail> = rows
         .iter()
-        .map(|row| render(row, "Toko Sari <shop@toko.example>").unwrap())
+        .map(|row| render(row, &sender).unwrap())
         .collect();
     per_email(
         "render (text + html, amount, subject)",

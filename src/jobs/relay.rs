@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::domain::text::third_party_for_log;
 use crate::mail::transport::{MailConfig, SendError, Transport, TransportError};
-use crate::mail::{render, RenderedEmail};
+use crate::mail::{render, RenderedEmail, Sender};
 use crate::store::{
     ClaimRequest, ClaimedEmail, SendOutcome, SendResult, Store, StoreError, WriteError,
 };
@@ -418,6 +418,7 @@ impl InFlight {
                 let mut attempts: Vec<Option<Result<(), SendError>>> =
                     Vec::with_capacity(rows.len());
                 let mut to_send: Vec<(usize, RenderedEmail)> = Vec::new();
+                let from = Sender::new(&from);
                 for (index, email) in rows.iter().enumerate() {
                     attempts.push(match prepare(checks_key_lifetime, now_ms, email, &from) {
                         Prepared::Done(result) => result,
@@ -452,7 +453,12 @@ enum Prepared {
 }
 
 /// `checks_key_lifetime`: the transport is the HTTP email API, whose idempotency keys expire.
-fn prepare(checks_key_lifetime: bool, now_ms: i64, email: &ClaimedEmail, from: &str) -> Prepared {
+fn prepare(
+    checks_key_lifetime: bool,
+    now_ms: i64,
+    email: &ClaimedEmail,
+    from: &Sender,
+) -> Prepared {
     if email.recipient.is_none() {
         return Prepared::Done(None);
     }

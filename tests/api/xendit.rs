@@ -289,7 +289,8 @@ async fn the_receipt_of_a_xendit_payment_shows_the_rupiah_amount() {
             &serde_json::json!("IDR")
         )
     );
-    let rendered = sekali::mail::render(&email, "shop@sekali.test").unwrap();
+    let rendered =
+        sekali::mail::render(&email, &sekali::mail::Sender::new("shop@sekali.test")).unwrap();
     assert_eq!(rendered.to, "buyer1001@example.com");
     assert!(
         rendered
