@@ -10,6 +10,7 @@
 #   benches/ab.sh A_BINARY B_BINARY [PAIRS (4)] [EVENTS (100000)] [CONNECTIONS (64)] [-- SERVE_ARGS…]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 a=$1
 b=$2
 pairs=${3:-4}
@@ -25,14 +26,11 @@ run() { # side binary pair
     local side=$1 binary=$2 dir=$work/$1-$3 port server
     shift 3
     mkdir -p "$dir"
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    port=$(free_port)
     env -u RUST_LOG "$binary" serve --listen "127.0.0.1:$port" --db "$dir/sekali.db" \
         --mail-dir "$dir/mail" "$@" 2> "$dir/serve.log" &
     server=$!
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-        sleep 0.1
-    done
+    wait_for_port "$port" "$server" "$dir/serve.log" || exit 1
     "$b" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events "$events" --dup-ratio 0.2 \
         --concurrency "$connections" --check-db "$dir/sekali.db" | head -1 > "$dir/report.json"
     kill -TERM "$server"

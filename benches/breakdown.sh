@@ -24,6 +24,7 @@
 # gives the median of those per-round ratios. A failed run stops the script with its logs kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 rounds=${1:-5}
 events=${2:-40000}
 connections=${3:-64}
@@ -66,20 +67,11 @@ for round in $(seq "$rounds"); do
         mode=${modes[$(( (slot + round - 1) % 5 ))]}
         dir=$scratch/round$round-$mode
         mkdir -p "$dir"
-        port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        port=$(free_port)
         env -u RUST_LOG SEKALI_BREAKDOWN="${mode/full/}" "$bin" serve --no-relay \
             --listen "127.0.0.1:$port" --db "$dir/b.db" 2> "$dir/server.log" &
         server=$!
-        for _ in $(seq 100); do
-            (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-            kill -0 "$server" 2>/dev/null || break
-            sleep 0.1
-        done
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            echo "round $round $mode: the server did not start; its log: $dir/server.log" >&2
-            tail -5 "$dir/server.log" >&2
-            exit 1
-        fi
+        wait_for_port "$port" "$server" "$dir/server.log" || exit 1
         # The first line of the report is its JSON (read whole: `head -1` could cut the pipe).
         # `sekali bench` exits non-zero when a request failed in transport (refused, reset, no
         # answer) or was answered other than 2xx; that stops the script here, because such a

@@ -12,6 +12,7 @@
 # throughout the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 duration=${1:-600}
 rate=${2:-2000}
 connections=${3:-16}
@@ -30,14 +31,11 @@ soak() { # label, then extra serve arguments
     local dir db port server load
     dir=$(mktemp -d)
     db="$dir/soak.db"
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    port=$(free_port)
     "$bin" serve --listen "127.0.0.1:$port" --db "$db" --mail-dir "$dir/mail" --stripe-retention 60s \
         --purge-interval 15s "$@" 2> "$dir/server.log" &
     server=$!
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-        sleep 0.1
-    done
+    wait_for_port "$port" "$server" "$dir/server.log" || exit 1
 
     "$bin" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events $((rate * duration)) \
         --dup-ratio 0.2 --rate "$rate" --concurrency "$connections" --max-seconds "$duration" \
