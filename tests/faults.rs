@@ -404,3 +404,51 @@ async fn api_requests_batched_with_webhook_deliveries_are_all_answered_and_commi
     );
     scenario.teardown();
 }
+
+/// Webhooks first, and the relay not forgotten: a relay claim that arrives while deliveries
+/// queue for the writer (twenty in one batch: busy) waits, so it does not ride in their
+/// transaction; once they are committed and no more come, the writer serves it on its own,
+/// long before the claim's longest wait (`CLAIM_MAX_DEFER`, 10 s). Fails on the version that
+/// waited for the next job to look at a waiting claim again: after a load's last delivery none
+/// came, and the relay sat idle for the full 10 s with the backlog pending.
+#[actix_web::test]
+async fn a_claim_waits_while_deliveries_queue_and_is_served_once_they_stop() {
+    let scenario = FailScenario::setup();
+    let app = spawn_app().await;
+    let bodies = batch_bodies(20);
+    let deliveries = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
+    let claim = async {
+        let started = Instant::now();
+        let claimed = app
+            .store
+            .claim_outbox(sekali::store::ClaimRequest {
+                owner: "relay-under-test".into(),
+                lease_ms: 60_000,
+                limit: 256,
+            })
+            .await
+            .unwrap();
+        (claimed.len(), started.elapsed())
+    };
+    let sending = futures_util::future::join(deliveries, claim);
+    let ((delivered, (claimed, waited)), committed) = in_one_batch(&app, 21, sending).await;
+
+    assert!(delivered.iter().all(|a| a.status == 200), "{delivered:?}");
+    assert_eq!(
+        committed,
+        Committed {
+            transactions: 2,
+            deliveries: 20
+        },
+        "the deliveries committed alone, and the claim after them in a transaction of its own"
+    );
+    assert_eq!(
+        claimed, 20,
+        "the claim took the twenty receipts the deliveries queued"
+    );
+    assert!(
+        waited < sekali::store::sqlite::writer::CLAIM_MAX_DEFER / 2,
+        "the claim was served {waited:?} after it was sent: it waited for a job to come"
+    );
+    scenario.teardown();
+}
