@@ -24,7 +24,15 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::transport::SendError;
+/// Why an email (or a whole batch) was not written: what was being done, in which directory,
+/// and the system's error. Always worth another try.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what} in the mail directory {dir}: {error}")]
+pub struct WriteError {
+    what: &'static str,
+    dir: String,
+    error: String,
+}
 
 /// How the file transport makes a batch of emails durable before their rows are `sent`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +105,7 @@ pub fn write_eml_batch(
     dir: &Path,
     files: &[(String, Vec<u8>)],
     sync: DirSync,
-) -> Vec<Result<(), SendError>> {
+) -> Vec<Result<(), WriteError>> {
     match Unnamed::write(dir, files, sync) {
         Ok(batch) => batch.name(),
         Err(error) => files.iter().map(|_| Err(error.clone())).collect(),
@@ -130,14 +138,15 @@ struct Unnamed {
     dir_fd: OwnedFd,
     naming: Naming,
     /// Each email's key and its data, or why it could not be written.
-    emails: Vec<(String, Result<Written, SendError>)>,
+    emails: Vec<(String, Result<Written, WriteError>)>,
 }
 
-fn io_error(dir: &Path, what: &str, e: std::io::Error) -> SendError {
-    SendError::transient(format!(
-        "{what} in the mail directory {}: {e}",
-        dir.display()
-    ))
+fn io_error(dir: &Path, what: &'static str, e: std::io::Error) -> WriteError {
+    WriteError {
+        what,
+        dir: dir.display().to_string(),
+        error: e.to_string(),
+    }
 }
 
 fn tmp_name(key: &str) -> String {
@@ -147,7 +156,11 @@ fn tmp_name(key: &str) -> String {
 impl Unnamed {
     /// Writes each email into a file of its own and syncs their data. `Err`: nothing of the
     /// batch is on the disk (the directory could not be made or opened, or the sync failed).
-    fn write(dir: &Path, files: &[(String, Vec<u8>)], sync: DirSync) -> Result<Unnamed, SendError> {
+    fn write(
+        dir: &Path,
+        files: &[(String, Vec<u8>)],
+        sync: DirSync,
+    ) -> Result<Unnamed, WriteError> {
         Self::write_as(dir, files, sync, sync.naming())
     }
 
@@ -156,7 +169,7 @@ impl Unnamed {
         files: &[(String, Vec<u8>)],
         sync: DirSync,
         naming: Naming,
-    ) -> Result<Unnamed, SendError> {
+    ) -> Result<Unnamed, WriteError> {
         use std::io::Write;
 
         crate::durable::create_dir_all(dir).map_err(|e| io_error(dir, "creating it", e))?;
@@ -219,16 +232,16 @@ impl Unnamed {
 
     /// Gives each written email its name, then syncs the directory; the results are in the
     /// order of the batch.
-    fn name(self) -> Vec<Result<(), SendError>> {
+    fn name(self) -> Vec<Result<(), WriteError>> {
         let Unnamed {
             dir,
             dir_fd,
             naming,
             emails,
         } = self;
-        let io = |what: &str, e: std::io::Error| io_error(&dir, what, e);
+        let io = |what: &'static str, e: std::io::Error| io_error(&dir, what, e);
         let mut empty_path = naming == Naming::Unnamed;
-        let results: Vec<Result<(), SendError>> = emails
+        let results: Vec<Result<(), WriteError>> = emails
             .into_iter()
             .map(|(key, written)| {
                 let name = format!("{key}.eml");
@@ -302,7 +315,7 @@ mod tests {
         files: &[(String, Vec<u8>)],
         sync: DirSync,
         naming: Naming,
-    ) -> Vec<Result<(), super::SendError>> {
+    ) -> Vec<Result<(), super::WriteError>> {
         Unnamed::write_as(dir, files, sync, naming).unwrap().name()
     }
 

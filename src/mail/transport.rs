@@ -285,7 +285,12 @@ impl Transport {
                 };
                 slots
                     .into_iter()
-                    .map(|slot| slot.and_then(|()| written.next().expect("one result per file")))
+                    .map(|slot| {
+                        slot.and_then(|()| {
+                            let written = written.next().expect("one result per file");
+                            written.map_err(|e| SendError::transient(e.to_string()))
+                        })
+                    })
                     .collect()
             }
             _ => {
@@ -330,6 +335,7 @@ impl Transport {
                 eml::write_eml_batch(dir, &files, *sync)
                     .pop()
                     .expect("one result per file")
+                    .map_err(|e| SendError::transient(e.to_string()))
             }
             Transport::Smtp {
                 transport,
