@@ -585,17 +585,17 @@ async fn emails_show_each_amount_with_its_currencys_own_decimals() {
             .text
     };
     assert!(
-        text_of("ord_jpy").contains("payment of ¥5,000 for"),
+        text_of("ord_jpy").contains("payment of ¥5,000\nfor order"),
         "{}",
         text_of("ord_jpy")
     );
     assert!(
-        text_of("ord_usd").contains("payment of $25.00 for"),
+        text_of("ord_usd").contains("payment of $25.00\nfor order"),
         "{}",
         text_of("ord_usd")
     );
     assert!(
-        text_of("ord_bhd").contains("payment of BHD\u{a0}1.500 for"),
+        text_of("ord_bhd").contains("payment of BHD\u{a0}1.500\nfor order"),
         "{}",
         text_of("ord_bhd")
     );
