@@ -100,7 +100,7 @@ pub fn files_per_batch() -> usize {
 
 /// Writes `files` (`(key, message)`) as `<dir>/<key>.eml`, and returns only once they are on
 /// the disk, not merely in the page cache: the relay marks a row `sent` on this `Ok`, and a
-/// power cut must not take back an email the database says was sent. Both steps at once.
+/// power cut must not take back an email the database says was sent. Both steps, in order.
 pub fn write_eml_batch(
     dir: &Path,
     files: &[(String, Vec<u8>)],
