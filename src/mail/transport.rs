@@ -230,10 +230,11 @@ impl Transport {
         }
     }
 
-    /// Delivers a relay's batch; the results are in the order of `emails`. SMTP and the HTTP
-    /// API send the emails concurrently (SMTP over lettre's pool of connections, the API over
-    /// one client's), each within `timeout`; files are built into messages off the event loop
-    /// and written as one durable batch, a message that cannot be built failing alone.
+    /// Delivers a relay's batch; the results are in the order of `emails`, each `Ok` only once
+    /// the transport confirmed it. SMTP and the HTTP API send the emails concurrently (SMTP
+    /// over lettre's pool of connections, the API over one client's), each within `timeout`;
+    /// files are built into messages off the event loop and written as one durable batch. A
+    /// message that cannot be built fails alone.
     pub async fn send_batch(
         &self,
         emails: Vec<RenderedEmail>,
@@ -242,10 +243,6 @@ impl Transport {
         if emails.is_empty() {
             return Vec::new();
         }
-        let timed_out = || SendError::Transient {
-            reason: format!("the transport timed out after {timeout:?}"),
-            retry_after: None,
-        };
         match self {
             Transport::File {
                 dir, sync, writing, ..
@@ -281,7 +278,7 @@ impl Transport {
                 let mut written = match tokio::time::timeout(timeout, write).await {
                     Ok(Ok(written)) => written.into_iter(),
                     Ok(Err(_)) => return failed("writing the mail directory failed"),
-                    Err(_) => return (0..count).map(|_| Err(timed_out())).collect(),
+                    Err(_) => return (0..count).map(|_| Err(timed_out(timeout))).collect(),
                 };
                 slots
                     .into_iter()
@@ -293,12 +290,32 @@ impl Transport {
                     })
                     .collect()
             }
-            _ => {
-                futures_util::future::join_all(emails.iter().map(|email| async {
-                    tokio::time::timeout(timeout, self.send(email))
-                        .await
-                        .unwrap_or_else(|_| Err(timed_out()))
-                }))
+            Transport::Smtp {
+                transport,
+                connect_timeout,
+            } => {
+                let mut messages = Messages::default();
+                let built: Vec<_> = emails.iter().map(|email| messages.build(email)).collect();
+                each_within(
+                    timeout,
+                    built
+                        .into_iter()
+                        .map(|message| send_smtp(transport, *connect_timeout, message)),
+                )
+                .await
+            }
+            Transport::Http {
+                url,
+                api_key,
+                timeout: api_timeout,
+                client,
+            } => {
+                each_within(
+                    timeout,
+                    emails
+                        .iter()
+                        .map(|email| send_http(client, url, api_key, *api_timeout, email)),
+                )
                 .await
             }
         }
@@ -325,61 +342,60 @@ impl Transport {
     pub fn is_http(&self) -> bool {
         matches!(self, Transport::Http { .. })
     }
+}
 
-    /// Delivers `email`; `Ok` only once the transport confirmed it.
-    pub async fn send(&self, email: &RenderedEmail) -> Result<(), SendError> {
-        match self {
-            Transport::File { dir, sync, .. } => {
-                let bytes = build_message(email)?.formatted();
-                let files = [(email.idempotency_key.clone(), bytes)];
-                eml::write_eml_batch(dir, &files, *sync)
-                    .pop()
-                    .expect("one result per file")
-                    .map_err(|e| SendError::transient(e.to_string()))
-            }
-            Transport::Smtp {
-                transport,
-                connect_timeout,
-            } => {
-                let message = build_message(email)?;
-                // Connection, EHLO and AUTH first: their failures are the transport's, whatever
-                // the reply code, so that a bad password or a down server never kills a row.
-                match tokio::time::timeout(*connect_timeout, transport.test_connection()).await {
-                    Ok(Ok(true)) => {}
-                    Ok(Ok(false)) => {
-                        return Err(SendError::Unavailable(
-                            "the SMTP server is not ready".into(),
-                        ))
-                    }
-                    Ok(Err(e)) => {
-                        return Err(SendError::Unavailable(format!(
-                            "connecting to the SMTP server: {e}"
-                        )))
-                    }
-                    Err(_) => {
-                        return Err(SendError::Unavailable(format!(
-                            "connecting to the SMTP server: no answer within {connect_timeout:?}"
-                        )))
-                    }
-                }
-                match transport.send(message).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_permanent() => Err(SendError::Permanent(format!("SMTP: {e}"))),
-                    Err(e) => Err(SendError::transient(format!("SMTP: {e}"))),
-                }
-            }
-            Transport::Http {
-                url,
-                api_key,
-                timeout,
-                client,
-            } => send_http(client, url, api_key, *timeout, email).await,
-        }
+fn timed_out(timeout: Duration) -> SendError {
+    SendError::Transient {
+        reason: format!("the transport timed out after {timeout:?}"),
+        retry_after: None,
     }
 }
 
-fn build_message(email: &RenderedEmail) -> Result<Message, SendError> {
-    Messages::default().build(email)
+/// Runs `sends` concurrently, each within `timeout`; the results in their order.
+async fn each_within(
+    timeout: Duration,
+    sends: impl Iterator<Item = impl std::future::Future<Output = Result<(), SendError>>>,
+) -> Vec<Result<(), SendError>> {
+    futures_util::future::join_all(sends.map(|send| async move {
+        tokio::time::timeout(timeout, send)
+            .await
+            .unwrap_or_else(|_| Err(timed_out(timeout)))
+    }))
+    .await
+}
+
+/// Sends one message over SMTP (or fails as its building did).
+async fn send_smtp(
+    transport: &AsyncSmtpTransport<Tokio1Executor>,
+    connect_timeout: Duration,
+    message: Result<Message, SendError>,
+) -> Result<(), SendError> {
+    let message = message?;
+    // Connection, EHLO and AUTH first: their failures are the transport's, whatever the reply
+    // code, so that a bad password or a down server never kills a row.
+    match tokio::time::timeout(connect_timeout, transport.test_connection()).await {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => {
+            return Err(SendError::Unavailable(
+                "the SMTP server is not ready".into(),
+            ))
+        }
+        Ok(Err(e)) => {
+            return Err(SendError::Unavailable(format!(
+                "connecting to the SMTP server: {e}"
+            )))
+        }
+        Err(_) => {
+            return Err(SendError::Unavailable(format!(
+                "connecting to the SMTP server: no answer within {connect_timeout:?}"
+            )))
+        }
+    }
+    match transport.send(message).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_permanent() => Err(SendError::Permanent(format!("SMTP: {e}"))),
+        Err(e) => Err(SendError::transient(format!("SMTP: {e}"))),
+    }
 }
 
 /// Builds messages, parsing the sender's address once for the emails that share it (a relay's
