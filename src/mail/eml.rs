@@ -292,7 +292,7 @@ impl Unnamed {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::{DirSync, Naming, Unnamed};
 
     fn batch() -> Vec<(String, Vec<u8>)> {
@@ -301,7 +301,8 @@ mod tests {
             .collect()
     }
 
-    fn names(dir: &std::path::Path) -> Vec<String> {
+    /// The names in `dir`, sorted.
+    pub(in crate::mail) fn names(dir: &std::path::Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())

@@ -525,15 +525,7 @@ async fn send_http(
 #[cfg(test)]
 mod tests {
     use super::DirSync;
-
-    fn names(dir: &std::path::Path) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        names
-    }
+    use crate::mail::eml::tests::names;
 
     fn email(key: &str, to: &str) -> crate::mail::RenderedEmail {
         crate::mail::RenderedEmail {
