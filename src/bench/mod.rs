@@ -483,10 +483,8 @@ async fn client_loop(
     total
 }
 
-/// Every unique event of this run has exactly one `processed_events` row and exactly one effect
-/// (its receipt in `email_outbox`).
-/// Checks that the run left one event row, one order and one email per unique event in `db`:
-/// `"ok"`, or what differs.
+/// Checks that every unique event of the run left exactly one `processed_events` row and
+/// exactly one effect (its receipt in `email_outbox`) in `db`: `"ok"`, or what differs.
 pub fn check_db(db: &std::path::Path, run_id: &str, unique: usize) -> Result<String, BenchError> {
     use crate::store::Maintenance;
     let counts = crate::store::sqlite::SqliteMaintenance::open(db, false)
