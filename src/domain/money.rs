@@ -80,19 +80,15 @@ fn with_formatter(
     const KEPT: usize = 512;
     FORMATTERS.with_borrow_mut(|formatters| {
         let key = (locale.to_owned(), code.to_owned());
-        if !formatters.contains_key(&key) {
-            if formatters.len() >= KEPT {
-                formatters.clear();
-            }
-            let formatter = (|| {
-                let locale: icu_locale::Locale = locale.parse().ok()?;
-                let currency = CurrencyType::try_from_str(code).ok()?;
-                CldrCurrencyFormatter::try_new_symbol(locale.into(), currency, Default::default())
-                    .ok()
-            })();
-            formatters.insert(key.clone(), formatter);
+        if formatters.len() >= KEPT && !formatters.contains_key(&key) {
+            formatters.clear();
         }
-        format(formatters.get(&key)?.as_ref()?)
+        let formatter = formatters.entry(key).or_insert_with(|| {
+            let locale: icu_locale::Locale = locale.parse().ok()?;
+            let currency = CurrencyType::try_from_str(code).ok()?;
+            CldrCurrencyFormatter::try_new_symbol(locale.into(), currency, Default::default()).ok()
+        });
+        format(formatter.as_ref()?)
     })
 }
 
