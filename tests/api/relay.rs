@@ -1385,3 +1385,51 @@ async fn sekali_relay_sends_a_large_backlog_under_a_low_open_file_limit() {
         );
     }
 }
+
+/// `serve` takes the open files the system allows it too: its relay writes a file per email of a
+/// batch, and each connection is a socket. Fails on the version that kept the soft limit it was
+/// started with.
+#[test]
+fn serve_raises_its_open_file_limit_to_the_hard_limit() {
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .unwrap_or(u64::MAX);
+    let soft = (hard / 2).min(256);
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -Sn {soft} && exec \"$0\" \"$@\""))
+        .arg(sekali_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.path().join("s.db"))
+        .arg("--mail-dir")
+        .arg(dir.path().join("mail"))
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // `exec`: the shell's process is the server's. (soft, hard) as /proc shows them.
+    let limits = || -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string(format!("/proc/{}/limits", server.id())).ok()?;
+        let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+        let mut numbers = line
+            .split_whitespace()
+            .filter_map(|word| word.parse::<u64>().ok());
+        Some((numbers.next()?, numbers.next()?))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut seen = limits();
+    while seen != Some((hard, hard)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        seen = limits();
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(
+        seen,
+        Some((hard, hard)),
+        "started with a soft limit of {soft}"
+    );
+}
