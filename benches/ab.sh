@@ -27,6 +27,9 @@ run() { # side binary pair
     shift 3
     mkdir -p "$dir"
     port=$(free_port)
+    # Nothing left dirty by the run before: the relay's syncfs would write it out, and this
+    # run's commits would wait for it (see benches/throughput.rs).
+    sync
     env -u RUST_LOG "$binary" serve --listen "127.0.0.1:$port" --db "$dir/sekali.db" \
         --mail-dir "$dir/mail" "$@" 2> "$dir/serve.log" &
     server=$!

@@ -32,6 +32,9 @@ soak() { # label, then extra serve arguments
     dir=$(mktemp -d)
     db="$dir/soak.db"
     port=$(free_port)
+    # Nothing left dirty by the build or the previous soak: the relay's syncfs would write it
+    # out, and the deliveries' commits would wait for it (see benches/throughput.rs).
+    sync
     "$bin" serve --listen "127.0.0.1:$port" --db "$db" --mail-dir "$dir/mail" --stripe-retention 60s \
         --purge-interval 15s "$@" 2> "$dir/server.log" &
     server=$!
