@@ -147,7 +147,16 @@ impl RelayHost {
 /// deliveries' commits share.
 pub const LINGER: Duration = Duration::from_millis(250);
 
+/// How much lower than the server's the CPU priority of `serve`'s relay is (nice steps).
+pub const RELAY_NICE_STEPS: i32 = 10;
+
 /// Starts the relay on a thread of its own with its own event loop (the transports need one).
+///
+/// Webhooks first on the CPU too: the thread runs at a lower priority than the server's
+/// ([`RELAY_NICE_STEPS`] nice steps), and so do the threads its event loop starts to render and
+/// write emails, which inherit it. While deliveries keep the cores busy, the scheduler gives them
+/// the CPU first; on idle cores (a backlog after a load) the relay runs at full speed all the
+/// same. `sekali relay`, a process of its own, keeps the priority it was started with.
 pub fn spawn_relay(
     config: RelayConfig,
     mail: MailConfig,
@@ -158,6 +167,7 @@ pub fn spawn_relay(
     std::thread::Builder::new()
         .name("sekali-relay".into())
         .spawn(move || {
+            lower_this_threads_priority(RELAY_NICE_STEPS);
             if let Err(e) = actix_web::rt::System::new()
                 .block_on(run_relay(config, mail, clock, shutdown, queue))
             {
@@ -165,6 +175,19 @@ pub fn spawn_relay(
             }
         })
         .expect("spawning the relay thread")
+}
+
+/// Lowers the calling thread's CPU priority by `steps` nice steps (to at most 19). On Linux a
+/// thread's nice value is its own (`setpriority` with no id applies to the calling thread),
+/// and threads it starts inherit it.
+fn lower_this_threads_priority(steps: i32) {
+    use rustix::process::{getpriority_process, setpriority_process};
+
+    let lowered = getpriority_process(None)
+        .and_then(|nice| setpriority_process(None, nice.saturating_add(steps).min(19)));
+    if let Err(e) = lowered {
+        tracing::warn!(error = %e, "could not lower the relay's CPU priority; it competes with deliveries for the CPU as an equal");
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

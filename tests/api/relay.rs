@@ -1433,3 +1433,74 @@ fn serve_raises_its_open_file_limit_to_the_hard_limit() {
         "started with a soft limit of {soft}"
     );
 }
+
+/// A thread's name and nice value, from its `stat` file in /proc.
+fn name_and_nice(task: &Path) -> Option<(String, i32)> {
+    let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+    // "tid (name) state ppid …": the name may hold spaces and parentheses; the nice value is
+    // the 19th field, the 17th after the name.
+    let (head, rest) = stat.rsplit_once(')')?;
+    let name = head.split_once('(')?.1.to_string();
+    let nice = rest.split_whitespace().nth(16)?.parse().ok()?;
+    Some((name, nice))
+}
+
+/// Each thread of process `pid`: its name and its nice value.
+fn threads_with_nice(pid: u32) -> Vec<(String, i32)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| name_and_nice(&task.ok()?.path()))
+        .collect()
+}
+
+/// Webhooks first on the CPU too: `serve`'s relay thread, and the threads its event loop starts
+/// to render and write emails, run ten nice steps below the server's own threads, which take
+/// the deliveries. Fails on the version whose relay competed with them as an equal.
+#[test]
+fn serves_relay_renders_and_writes_emails_at_a_lower_cpu_priority_than_deliveries() {
+    let server = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
+    deliver_over_http(&server.base_url(), 40);
+    let conn = rusqlite::Connection::open(server.db_path()).unwrap();
+    let sent = || -> i64 {
+        conn.query_row(
+            "SELECT count(*) FROM email_outbox WHERE status = 'sent'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while sent() < 40 {
+        assert!(std::time::Instant::now() < deadline, "only {} sent", sent());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let threads = threads_with_nice(server.pid());
+    let nice_of = |name: &str| -> Vec<i32> {
+        threads
+            .iter()
+            .filter(|(n, _)| n.starts_with(name))
+            .map(|&(_, nice)| nice)
+            .collect()
+    };
+    // The main thread keeps the nice value the server was started with.
+    let pid = server.pid();
+    let (_, base) = name_and_nice(Path::new(&format!("/proc/{pid}/task/{pid}"))).unwrap();
+    let lowered = (base + 10).min(19);
+    assert!(
+        lowered > base,
+        "started at nice {base}: nothing lower to test"
+    );
+    assert_eq!(nice_of("sekali-relay"), vec![lowered], "{threads:?}");
+    assert_eq!(nice_of("sekali-writer"), vec![base], "{threads:?}");
+    let workers = nice_of("actix-rt");
+    assert!(
+        !workers.is_empty() && workers.iter().all(|&n| n == base),
+        "the HTTP workers: {threads:?}"
+    );
+    // The relay's event loop rendered and wrote the 40 emails on threads it started.
+    let relay_helpers = threads
+        .iter()
+        .filter(|(name, nice)| !name.starts_with("sekali-relay") && *nice == lowered)
+        .count();
+    assert!(relay_helpers >= 1, "{threads:?}");
+}
