@@ -16,10 +16,12 @@
 //! are units of work in the batch, so they share the deliveries' commit (one fsync) instead of
 //! fighting them for SQLite's write lock. Webhooks keep priority: a claim that arrives while the
 //! writer is busy (deliveries at [`BUSY_DELIVERIES_PER_SEC`] or more lately, or queueing for it:
-//! batches of [`BUSY_BATCH_DELIVERIES`] on average) waits until it is
+//! batches of [`BUSY_BATCH_DELIVERIES`] on average; or, while any deliveries come, the relay's
+//! batches having had [`RELAY_SHARE_WHILE_DELIVERING_PERCENT`] of its time) waits until it is
 //! not, or at most [`CLAIM_MAX_DEFER`], and is then served with at most [`CLAIM_UNDER_LOAD`]
-//! rows. So under saturating load the relay trickles, no delivery waits behind more than one
-//! small claim, and once the load ends the relay drains at full speed.
+//! rows. So under saturating load the relay trickles, under a lighter one it takes at most a
+//! quarter of the writer, no delivery waits behind more than one small claim, and once the load
+//! ends the relay drains at full speed.
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
@@ -82,6 +84,13 @@ pub const BUSY_WINDOW: Duration = Duration::from_millis(100);
 pub const CLAIM_MAX_DEFER: Duration = Duration::from_secs(10);
 /// The most rows a claim that waited out [`CLAIM_MAX_DEFER`] gets, while the writer is busy.
 pub const CLAIM_UNDER_LOAD: usize = 64;
+/// While deliveries come, however slowly, the writer is also busy once its batches that held
+/// relay work took this share of the last [`BUSY_WINDOW`] (in percent). Below the busy rate a
+/// relay draining a backlog otherwise claims back to back: seen here at 2,000 deliveries/s over
+/// a 200,000-email backlog, its batches took 45 % of the writer's time, the deliveries' own
+/// another 44 %, and a delivery waited behind them (p99 37-42 ms, against 17 ms with no
+/// backlog). A steady load's email alone needs about 5 %.
+pub const RELAY_SHARE_WHILE_DELIVERING_PERCENT: u32 = 25;
 
 /// One unit of work for its own savepoint in a batch, with the span of the request that sent it.
 struct RecordJob {
@@ -168,6 +177,10 @@ impl Work {
 
     fn is_delivery(&self) -> bool {
         matches!(self, Work::Delivery { .. })
+    }
+
+    fn is_relay(&self) -> bool {
+        matches!(self, Work::OutboxClaim { .. } | Work::OutboxResults { .. })
     }
 }
 
@@ -472,11 +485,16 @@ fn run(
                 waiting_claims.push((claim, since));
             }
         }
+        let relay_work = records.iter().any(|job| job.work.is_relay());
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let started = Instant::now();
             if !records.is_empty() && commit_batch(&conn, records, Now::of(&clock), counters) {
                 tracing::error!("the write connection failed; reopening it");
                 conn = reopen(&config);
                 counters.reopens.fetch_add(1, Ordering::Relaxed);
+            }
+            if relay_work {
+                recent.add_relay_time(Instant::now(), started.elapsed());
             }
             for job in others {
                 if let Job::PurgeBatch { limit, reply } = job {
@@ -511,11 +529,15 @@ fn run(
     tracing::debug!("writer stopped");
 }
 
-/// The deliveries of the batches of the last [`BUSY_WINDOW`].
+/// The deliveries of the batches of the last [`BUSY_WINDOW`], and the time taken by those that
+/// held relay work.
 #[derive(Default)]
 struct RecentDeliveries {
     batches: std::collections::VecDeque<(Instant, usize)>,
     total: usize,
+    /// When each batch with relay work (a claim, results) ended, and how long it took.
+    relay_batches: std::collections::VecDeque<(Instant, Duration)>,
+    relay_time: Duration,
     /// Batches in the window that held deliveries (others, the relay's alone, say nothing of
     /// how deliveries queue).
     with_deliveries: usize,
@@ -536,11 +558,27 @@ impl RecentDeliveries {
             self.total -= n;
             self.with_deliveries -= usize::from(n > 0);
         }
+        while let Some(&(at, took)) = self.relay_batches.front() {
+            if now.duration_since(at) <= BUSY_WINDOW {
+                break;
+            }
+            self.relay_batches.pop_front();
+            self.relay_time -= took;
+        }
         let window_ms = BUSY_WINDOW.as_millis() as usize;
         let fast = self.total * 1000 >= BUSY_DELIVERIES_PER_SEC * window_ms;
         let queueing =
             self.with_deliveries > 0 && self.total >= BUSY_BATCH_DELIVERIES * self.with_deliveries;
-        fast || queueing
+        let relay_has_its_share = self.with_deliveries > 0
+            && self.relay_time * 100 >= BUSY_WINDOW * RELAY_SHARE_WHILE_DELIVERING_PERCENT;
+        fast || queueing || relay_has_its_share
+    }
+
+    /// Counts a batch that held relay work and ended at `now` after `took` (the whole batch,
+    /// deliveries in it included: they waited for the relay's part as well).
+    fn add_relay_time(&mut self, now: Instant, took: Duration) {
+        self.relay_batches.push_back((now, took));
+        self.relay_time += took;
     }
 }
 
@@ -997,5 +1035,33 @@ mod tests {
         let mut recent = RecentDeliveries::default();
         assert!(recent.add(at(0), 64));
         assert!(!recent.add(at(101), 0));
+    }
+
+    /// Below the busy rate, a relay draining a backlog takes at most a quarter of the writer
+    /// while deliveries come; alone, all of it.
+    #[test]
+    fn the_relay_gets_a_quarter_of_the_writer_while_deliveries_come_and_all_of_it_after() {
+        let mut recent = RecentDeliveries::default();
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let ms = Duration::from_millis;
+        // A trickle of deliveries, and relay batches of 8 ms: 24 ms of the last 100 is not yet
+        // its share, 25 ms is.
+        assert!(!recent.add(at(0), 2));
+        for end in [8, 16, 24] {
+            recent.add_relay_time(at(end), ms(8));
+        }
+        assert!(!recent.add(at(30), 2));
+        recent.add_relay_time(at(31), ms(1));
+        assert!(recent.add(at(40), 2));
+        // The relay's time leaves the window with its batches: by 125 ms only the 1 ms one is
+        // left.
+        assert!(!recent.add(at(125), 2));
+        // With no delivery in the window, the relay may take the writer whole.
+        let mut recent = RecentDeliveries::default();
+        for end in (10..=100).step_by(10) {
+            recent.add_relay_time(at(end), ms(10));
+            assert!(!recent.add(at(end), 0));
+        }
     }
 }
