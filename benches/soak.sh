@@ -24,12 +24,16 @@ fi
 bin=${SEKALI_BIN:-$PWD/target/release/sekali}
 export STRIPE_WEBHOOK_SECRET=whsec_soak_c2VrYWxpLXNvYWs
 status=0
+# Every soak's files are kept until the end: deleting the relay's million emails right before
+# the `--no-relay` soak slowed its disk for minutes (a file system mounted with `discard`).
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 soak() { # label, then extra serve arguments
     local label=$1
     shift
     local dir db port server load
-    dir=$(mktemp -d)
+    dir=$(mktemp -d -p "$work")
     db="$dir/soak.db"
     port=$(free_port)
     # Nothing left dirty by the build or the previous soak: the relay's syncfs would write it
@@ -83,7 +87,6 @@ soak() { # label, then extra serve arguments
     fi
     kill "$server" 2>/dev/null || true
     wait "$server" 2>/dev/null || true
-    rm -rf "$dir"
 }
 
 soak "sekali serve (default: relay on, .eml)"
