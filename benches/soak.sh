@@ -79,8 +79,9 @@ soak() { # label, then extra serve arguments
     echo
     cat "$dir/bench.out"
     echo "backlog at the end of the load drained in: $drained s; emails sent: $(sqlite3 "$db" "SELECT count(*) FROM email_outbox WHERE status = 'sent'")"
-    grep -c "purged" "$dir/server.log" | xargs -I{} echo "purge passes logged: {}"
-    grep "purged" "$dir/server.log" | tail -2
+    # grep finds no purge in a soak shorter than the purge interval: not a failure.
+    echo "purge passes logged: $(grep -c "purged" "$dir/server.log" || true)"
+    { grep "purged" "$dir/server.log" || true; } | tail -2
     if [ "$result" -ne 0 ]; then
         echo "the soak failed: $(cat "$dir/bench.err")" >&2
         status=$result
