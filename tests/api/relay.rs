@@ -1196,14 +1196,9 @@ fn deliver_over_http(base: &str, count: usize) {
     }
 }
 
-/// Fails on the version whose relay opened a write connection of its own and recorded each
-/// row in a transaction of its own: it fought the writer for SQLite's lock and paid an fsync
-/// per email.
-#[test]
-fn serve_sends_every_email_through_its_one_write_connection_recording_results_in_batches() {
-    let server = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
-    deliver_over_http(&server.base_url(), 300);
-    let conn = rusqlite::Connection::open(server.db_path()).unwrap();
+/// Waits up to 30 s until `count` emails in `db` are `sent`.
+fn wait_until_sent(db: &Path, count: i64) {
+    let conn = rusqlite::Connection::open(db).unwrap();
     let sent = || -> i64 {
         conn.query_row(
             "SELECT count(*) FROM email_outbox WHERE status = 'sent'",
@@ -1213,10 +1208,20 @@ fn serve_sends_every_email_through_its_one_write_connection_recording_results_in
         .unwrap()
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while sent() < 300 {
+    while sent() < count {
         assert!(std::time::Instant::now() < deadline, "only {} sent", sent());
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Fails on the version whose relay opened a write connection of its own and recorded each
+/// row in a transaction of its own: it fought the writer for SQLite's lock and paid an fsync
+/// per email.
+#[test]
+fn serve_sends_every_email_through_its_one_write_connection_recording_results_in_batches() {
+    let server = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
+    deliver_over_http(&server.base_url(), 300);
+    wait_until_sent(&server.db_path(), 300);
     let health: serde_json::Value = serde_json::from_str(
         &ureq::get(&format!("{}/healthz", server.base_url()))
             .call()
@@ -1372,9 +1377,7 @@ async fn sekali_relay_sends_a_large_backlog_under_a_low_open_file_limit() {
         );
         // Raised to the hard limit (which the relay inherits from this test) where it can be;
         // a quarter of it per batch, and at most 4,096.
-        let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-            .maximum
-            .unwrap_or(u64::MAX);
+        let hard = hard_open_file_limit();
         let batch = match limit {
             "-n 128" => 32,
             _ => (hard / 4).min(4096),
@@ -1386,14 +1389,19 @@ async fn sekali_relay_sends_a_large_backlog_under_a_low_open_file_limit() {
     }
 }
 
+/// This process's hard limit on open files, which the servers it starts inherit.
+fn hard_open_file_limit() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .unwrap_or(u64::MAX)
+}
+
 /// `serve` takes the open files the system allows it too: its relay writes a file per email of a
 /// batch, and each connection is a socket. Fails on the version that kept the soft limit it was
 /// started with.
 #[test]
 fn serve_raises_its_open_file_limit_to_the_hard_limit() {
-    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .maximum
-        .unwrap_or(u64::MAX);
+    let hard = hard_open_file_limit();
     let soft = (hard / 2).min(256);
     let dir = tempfile::tempdir().unwrap();
     let mut server = Command::new("sh")
@@ -1460,20 +1468,7 @@ fn threads_with_nice(pid: u32) -> Vec<(String, i32)> {
 fn serves_relay_renders_and_writes_emails_at_a_lower_cpu_priority_than_deliveries() {
     let server = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
     deliver_over_http(&server.base_url(), 40);
-    let conn = rusqlite::Connection::open(server.db_path()).unwrap();
-    let sent = || -> i64 {
-        conn.query_row(
-            "SELECT count(*) FROM email_outbox WHERE status = 'sent'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap()
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while sent() < 40 {
-        assert!(std::time::Instant::now() < deadline, "only {} sent", sent());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_sent(&server.db_path(), 40);
     let threads = threads_with_nice(server.pid());
     let nice_of = |name: &str| -> Vec<i32> {
         threads
@@ -1485,7 +1480,7 @@ fn serves_relay_renders_and_writes_emails_at_a_lower_cpu_priority_than_deliverie
     // The main thread keeps the nice value the server was started with.
     let pid = server.pid();
     let (_, base) = name_and_nice(Path::new(&format!("/proc/{pid}/task/{pid}"))).unwrap();
-    let lowered = (base + 10).min(19);
+    let lowered = (base + sekali::jobs::relay::RELAY_NICE_STEPS).min(19);
     assert!(
         lowered > base,
         "started at nice {base}: nothing lower to test"
