@@ -494,7 +494,7 @@ fn run(
                 counters.reopens.fetch_add(1, Ordering::Relaxed);
             }
             if relay_work {
-                recent.add_relay_time(Instant::now(), started.elapsed());
+                recent.add_relay_time(started.elapsed());
             }
             for job in others {
                 if let Job::PurgeBatch { limit, reply } = job {
@@ -529,14 +529,13 @@ fn run(
     tracing::debug!("writer stopped");
 }
 
-/// The deliveries of the batches of the last [`BUSY_WINDOW`], and the time taken by those that
-/// held relay work.
+/// The batches of the last [`BUSY_WINDOW`]: when each began, its deliveries, and how long it
+/// took if it held relay work.
 #[derive(Default)]
 struct RecentDeliveries {
-    batches: std::collections::VecDeque<(Instant, usize)>,
+    batches: std::collections::VecDeque<(Instant, usize, Duration)>,
     total: usize,
-    /// When each batch with relay work (a claim, results) ended, and how long it took.
-    relay_batches: std::collections::VecDeque<(Instant, Duration)>,
+    /// The time of the batches in the window that held relay work (a claim, results).
     relay_time: Duration,
     /// Batches in the window that held deliveries (others, the relay's alone, say nothing of
     /// how deliveries queue).
@@ -547,23 +546,17 @@ impl RecentDeliveries {
     /// Counts a batch of `deliveries` committed at `now`; true when the writer is busy (see the
     /// module docs).
     fn add(&mut self, now: Instant, deliveries: usize) -> bool {
-        self.batches.push_back((now, deliveries));
+        self.batches.push_back((now, deliveries, Duration::ZERO));
         self.total += deliveries;
         self.with_deliveries += usize::from(deliveries > 0);
-        while let Some(&(at, n)) = self.batches.front() {
+        while let Some(&(at, n, relay)) = self.batches.front() {
             if now.duration_since(at) <= BUSY_WINDOW {
                 break;
             }
             self.batches.pop_front();
             self.total -= n;
             self.with_deliveries -= usize::from(n > 0);
-        }
-        while let Some(&(at, took)) = self.relay_batches.front() {
-            if now.duration_since(at) <= BUSY_WINDOW {
-                break;
-            }
-            self.relay_batches.pop_front();
-            self.relay_time -= took;
+            self.relay_time -= relay;
         }
         let window_ms = BUSY_WINDOW.as_millis() as usize;
         let fast = self.total * 1000 >= BUSY_DELIVERIES_PER_SEC * window_ms;
@@ -574,11 +567,13 @@ impl RecentDeliveries {
         fast || queueing || relay_has_its_share
     }
 
-    /// Counts a batch that held relay work and ended at `now` after `took` (the whole batch,
-    /// deliveries in it included: they waited for the relay's part as well).
-    fn add_relay_time(&mut self, now: Instant, took: Duration) {
-        self.relay_batches.push_back((now, took));
-        self.relay_time += took;
+    /// The batch counted last held relay work and took `took` (the whole batch, deliveries in
+    /// it included: they waited for the relay's part as well).
+    fn add_relay_time(&mut self, took: Duration) {
+        if let Some((_, _, relay)) = self.batches.back_mut() {
+            *relay += took;
+            self.relay_time += took;
+        }
     }
 }
 
@@ -1048,20 +1043,21 @@ mod tests {
         // A trickle of deliveries, and relay batches of 8 ms: 24 ms of the last 100 is not yet
         // its share, 25 ms is.
         assert!(!recent.add(at(0), 2));
-        for end in [8, 16, 24] {
-            recent.add_relay_time(at(end), ms(8));
+        for start in [0, 8, 16] {
+            recent.add(at(start), 0);
+            recent.add_relay_time(ms(8));
         }
         assert!(!recent.add(at(30), 2));
-        recent.add_relay_time(at(31), ms(1));
+        recent.add_relay_time(ms(1)); // that batch held results too
         assert!(recent.add(at(40), 2));
-        // The relay's time leaves the window with its batches: by 125 ms only the 1 ms one is
-        // left.
+        // The relay's time leaves the window with its batches: by 125 ms only the 1 ms of the
+        // batch of 30 ms is left.
         assert!(!recent.add(at(125), 2));
         // With no delivery in the window, the relay may take the writer whole.
         let mut recent = RecentDeliveries::default();
-        for end in (10..=100).step_by(10) {
-            recent.add_relay_time(at(end), ms(10));
-            assert!(!recent.add(at(end), 0));
+        for start in (0..=100).step_by(10) {
+            assert!(!recent.add(at(start), 0));
+            recent.add_relay_time(ms(10));
         }
     }
 }
