@@ -32,14 +32,7 @@ export STRIPE_WEBHOOK_SECRET=whsec_backlog_c2VrYWxpLWJhY2tsb2c
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
-port=$(free_port)
-"$bin" serve --no-relay --listen "127.0.0.1:$port" --db "$work/backlog.db" 2> "$work/fill.log" &
-server=$!
-wait_for_port "$port" "$server" "$work/fill.log" || exit 1
-"$bin" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events "$rows" --dup-ratio 0 \
-    --concurrency 64 > "$work/fill.out"
-kill -TERM "$server"
-wait "$server" || true
+fill "$bin" "$work/backlog.db" "$rows"
 pending=$(sqlite3 "$work/backlog.db" "SELECT count(*) FROM email_outbox WHERE status = 'pending'")
 echo "backlog of $(git rev-parse --short HEAD): $pending pending emails, then $rate deliveries/s for $seconds s"
 echo "label    p50_ms  p90_ms  p99_ms  max_ms  backlog_sent_in"

@@ -18,3 +18,18 @@ wait_for_port() {
     tail -5 "$log" >&2
     return 1
 }
+
+# fill BINARY DB ROWS: ROWS unique signed Stripe payments through BINARY's `serve --no-relay`
+# into DB (created), each leaving one pending receipt, checked with --check-db. The server's log
+# is DB.serve.log, the load's report DB.fill.out.
+fill() {
+    local binary=$1 db=$2 rows=$3 port server
+    port=$(free_port)
+    "$binary" serve --no-relay --listen "127.0.0.1:$port" --db "$db" 2> "$db.serve.log" &
+    server=$!
+    wait_for_port "$port" "$server" "$db.serve.log" || exit 1
+    "$binary" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events "$rows" --dup-ratio 0 \
+        --concurrency 64 --check-db "$db" > "$db.fill.out"
+    kill -TERM "$server"
+    wait "$server" || true
+}

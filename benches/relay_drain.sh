@@ -29,19 +29,8 @@ export STRIPE_WEBHOOK_SECRET=whsec_drain_c2VrYWxpLWRyYWlu
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
-fill() { # binary database
-    local port server
-    port=$(free_port)
-    "$1" serve --no-relay --listen "127.0.0.1:$port" --db "$2" 2> "$2.serve.log" &
-    server=$!
-    wait_for_port "$port" "$server" "$2.serve.log" || exit 1
-    "$1" bench --url "http://127.0.0.1:$port/webhooks/stripe" --events "$rows" --dup-ratio 0 \
-        --concurrency 64 --check-db "$2" > "$2.fill.out"
-    kill -TERM "$server"
-    wait "$server" || true
-}
-fill "$bin" "$work/this.db"
-[ -z "$other" ] || fill "$other" "$work/other.db"
+fill "$bin" "$work/this.db" "$rows"
+[ -z "$other" ] || fill "$other" "$work/other.db" "$rows"
 pending=$(sqlite3 "$work/this.db" "SELECT count(*) FROM email_outbox WHERE status = 'pending'")
 echo "relay drain of $(git rev-parse --short HEAD): $pending pending rows, $rounds rounds"
 
