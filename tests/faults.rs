@@ -300,6 +300,133 @@ async fn a_poisoned_delivery_does_not_fail_api_work_queued_in_its_batch() {
     scenario.teardown();
 }
 
+/// Five receipts delivered and claimed by a relay, with what it would record once they are
+/// written: the relay's results for [`in_one_batch`].
+async fn claimed_receipts(app: &TestApp) -> Vec<sekali::store::SendResult> {
+    for body in distinct_succeeded_bodies("relayed", 5) {
+        assert_eq!(app.deliver_stripe_body(&body).await.outcome(), "processed");
+    }
+    let claimed = app
+        .store
+        .claim_outbox(sekali::store::ClaimRequest {
+            owner: RELAY.into(),
+            lease_ms: 60_000,
+            limit: 256,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 5);
+    claimed
+        .iter()
+        .map(|email| sekali::store::SendResult {
+            id: email.id,
+            outcome: sekali::store::SendOutcome::Sent,
+        })
+        .collect()
+}
+
+const RELAY: &str = "relay-under-test";
+
+/// The relay's results run in the deliveries' first pass, without a savepoint of their own: a
+/// poisoned delivery beside them sends them through the rerun, where they commit with the
+/// other deliveries, once.
+#[actix_web::test]
+async fn a_poisoned_delivery_does_not_fail_the_relay_results_in_its_batch() {
+    let scenario = FailScenario::setup();
+    let app = spawn_app().await;
+    let results = claimed_receipts(&app).await;
+    fail::cfg("store::after_effects", "1*off->1*return->off").unwrap();
+
+    let bodies = batch_bodies(10);
+    let deliveries = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
+    let recording = app.store.record_outbox_results(RELAY.into(), results);
+    let sending = futures_util::future::join(deliveries, recording);
+    let ((answers, recorded), committed) = in_one_batch(&app, 11, sending).await;
+
+    assert_eq!(
+        answers.iter().filter(|a| a.status != 200).count(),
+        1,
+        "{answers:?}"
+    );
+    assert_eq!(
+        recorded.unwrap(),
+        vec![true; 5],
+        "every result recorded, the lease held"
+    );
+    assert_eq!(
+        committed,
+        Committed {
+            transactions: 1,
+            deliveries: 9
+        },
+        "the results committed in the transaction of the nine deliveries"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM email_outbox WHERE status = 'sent'"),
+        5
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM email_outbox WHERE status = 'sent' AND attempts = 1"),
+        5,
+        "each counted one try: the first pass's recording was rolled back, not kept beside the rerun's"
+    );
+    scenario.teardown();
+}
+
+/// A batch of results that fails is rolled back alone: the relay gets the error (and its rows
+/// are sent again after their lease), and the deliveries it shared the batch with commit.
+#[actix_web::test]
+async fn relay_results_that_fail_fail_alone_and_the_deliveries_in_their_batch_commit() {
+    let scenario = FailScenario::setup();
+    let app = spawn_app().await;
+    let results = claimed_receipts(&app).await;
+    fail::cfg("store::outbox_results", "1*return->off").unwrap();
+
+    let bodies = batch_bodies(10);
+    let deliveries = join_all(bodies.iter().map(|b| app.deliver_stripe_body(b)));
+    let recording = app
+        .store
+        .record_outbox_results(RELAY.into(), results.clone());
+    let sending = futures_util::future::join(deliveries, recording);
+    let ((answers, recorded), committed) = in_one_batch(&app, 11, sending).await;
+
+    assert!(answers.iter().all(|a| a.status == 200), "{answers:?}");
+    let error = recorded.unwrap_err().to_string();
+    assert!(
+        error.contains("fault injected at store::outbox_results"),
+        "{error}"
+    );
+    assert_eq!(
+        committed,
+        Committed {
+            transactions: 1,
+            deliveries: 10
+        },
+        "the ten deliveries committed in one transaction, without the results"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM email_outbox WHERE status = 'sent'"),
+        0
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM email_outbox WHERE lease_owner = 'relay-under-test'"),
+        5,
+        "the claimed rows still wait under the relay's lease"
+    );
+    // Recorded again, they are sent.
+    let again = app
+        .store
+        .record_outbox_results(RELAY.into(), results)
+        .await
+        .unwrap();
+    assert_eq!(again, vec![true; 5]);
+    assert_eq!(
+        app.count("SELECT count(*) FROM email_outbox WHERE status = 'sent'"),
+        5
+    );
+    scenario.teardown();
+}
+
 #[actix_web::test]
 async fn a_delivery_that_always_fails_fails_alone_in_every_batch() {
     let scenario = FailScenario::setup();

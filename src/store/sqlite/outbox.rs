@@ -96,6 +96,13 @@ pub fn record_results_in_transaction(
     results: &[SendResult],
     now_ms: i64,
 ) -> rusqlite::Result<Vec<bool>> {
+    // Tests (`failpoints`): recording a batch of results fails, as a statement of it would.
+    fail::fail_point!("store::outbox_results", |_| Err(
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some("fault injected at store::outbox_results".into()),
+        )
+    ));
     let now = iso_millis(now_ms);
     let mut sent = conn.prepare_cached(
         "UPDATE email_outbox SET status = 'sent', attempts = attempts + 1, sent_at = ?3,

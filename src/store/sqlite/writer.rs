@@ -182,6 +182,17 @@ impl Work {
     fn is_relay(&self) -> bool {
         matches!(self, Work::OutboxClaim { .. } | Work::OutboxResults { .. })
     }
+
+    /// Answers the unit's own failure, which was rolled back alone, and logs it.
+    fn fail_alone(self, error: StoreError) {
+        log_failure_alone(&self, &error);
+        match self {
+            Work::Delivery { reply, .. } => Done::Delivery(reply, Err(error)).answer(),
+            Work::Idempotent { reply, .. } => Done::Idempotent(reply, Err(error)).answer(),
+            Work::OutboxClaim { reply, .. } => Done::OutboxClaim(reply, Err(error)).answer(),
+            Work::OutboxResults { reply, .. } => Done::OutboxResults(reply, Err(error)).answer(),
+        }
+    }
 }
 
 /// Work done inside the open transaction, waiting for COMMIT before it is answered.
@@ -614,33 +625,35 @@ fn reopen(config: &WriterConfig) -> Connection {
 /// One transaction for all of `records`; answers after COMMIT. Returns true when the connection
 /// itself looks broken (I/O error, file replaced or corrupt) and should be reopened.
 ///
-/// Deliveries run first and optimistically, without savepoints: almost every batch succeeds
-/// whole, and a savepoint per delivery costs the writer a tenth of its work (SQLite copies each
-/// page a delivery touches into the savepoint's journal). If a delivery fails, the transaction
-/// is rolled back, that delivery gets its error, and the rest of the batch runs again from the
-/// start with a savepoint each ([`commit_with_savepoints`]). Every delivery then ends exactly as
-/// if it had had its savepoint all along: the same state before it, the same result, and one
-/// failure rolls back alone. API work under an Idempotency-Key cannot run twice (it is an
-/// `FnOnce`), so it always runs in its own savepoint, after the deliveries.
+/// Deliveries and the relay's work run first and optimistically, without savepoints: almost
+/// every batch succeeds whole, and a savepoint costs SQLite a copy of each page the work touches
+/// in the savepoint's journal (a tenth of the writer's work for deliveries; for a relay batch
+/// of thousands of rows, its whole size written to a temporary file). If one of them fails, the
+/// transaction is rolled back, that unit gets its error, and the rest of the batch runs again
+/// from the start with a savepoint each ([`commit_with_savepoints`]). Every unit then ends
+/// exactly as if it had had its savepoint all along: the same state before it, the same result,
+/// and one failure rolls back alone. All of them can run twice: a rolled-back claim or result
+/// left nothing, and nothing was answered before COMMIT. API work under an Idempotency-Key
+/// cannot (it is an `FnOnce`), so it always runs in its own savepoint, after the rest.
 fn commit_batch(
     conn: &Connection,
     mut records: Vec<RecordJob>,
     now: Now,
     counters: &WriterCounters,
 ) -> bool {
-    // Stable: deliveries keep their order, and come before API and relay work, which are
-    // ordered so that a claim comes last and sees the results recorded before it.
+    // Stable: deliveries keep their order, and come before the relay's work, which is ordered
+    // so that a claim sees the results recorded before it; API work comes last.
     records.sort_by_key(|job| match job.work {
         Work::Delivery { .. } => 0,
-        Work::Idempotent { .. } => 1,
-        Work::OutboxResults { .. } => 2,
-        Work::OutboxClaim { .. } => 3,
+        Work::OutboxResults { .. } => 1,
+        Work::OutboxClaim { .. } => 2,
+        Work::Idempotent { .. } => 3,
     });
-    let deliveries = records
+    let optimistic = records
         .iter()
-        .take_while(|job| job.work.is_delivery())
+        .take_while(|job| !matches!(job.work, Work::Idempotent { .. }))
         .count();
-    if deliveries == 0 {
+    if optimistic == 0 {
         return commit_with_savepoints(conn, records, now, counters);
     }
     if let Err(reopen) = begin(conn) {
@@ -648,16 +661,13 @@ fn commit_batch(
         return reopen;
     }
     let mut db = Statements::new(conn);
-    let mut outcomes = Vec::with_capacity(deliveries);
-    for (index, job) in records[..deliveries].iter().enumerate() {
-        let Work::Delivery { event, payload, .. } = &job.work else {
-            unreachable!("the first `deliveries` jobs are deliveries")
-        };
-        let result = job
+    let mut ran = Vec::with_capacity(optimistic);
+    for (index, job) in records[..optimistic].iter().enumerate() {
+        match job
             .span
-            .in_scope(|| record_event_and_apply(&mut db, event, payload, now.unix));
-        match result {
-            Ok(outcome) => outcomes.push(outcome),
+            .in_scope(|| run_optimistically(&mut db, &job.work, now))
+        {
+            Ok(output) => ran.push(output),
             Err(e) => {
                 drop(db);
                 return rerun_without(conn, records, index, e, now, counters);
@@ -666,19 +676,60 @@ fn commit_batch(
     }
     let mut done: Vec<Done> = Vec::with_capacity(records.len());
     let mut rest = records.into_iter();
-    // `outcomes` first: zip stops at the shorter side without taking from the other one, so the
-    // API work after the deliveries stays in `rest`.
-    for (outcome, job) in outcomes.into_iter().zip(rest.by_ref()) {
-        let Work::Delivery { reply, .. } = job.work else {
-            unreachable!("the first `deliveries` jobs are deliveries")
-        };
-        done.push(Done::Delivery(reply, Ok(outcome)));
+    // `ran` first: zip stops at the shorter side without taking from the other one, so the API
+    // work after the optimistic pass stays in `rest`.
+    for (output, job) in ran.into_iter().zip(rest.by_ref()) {
+        done.push(output.done(job.work));
     }
     finish_in_savepoints(conn, db, rest, done, now, counters)
 }
 
+/// What a unit of the optimistic pass produced, to be answered after COMMIT.
+enum Ran {
+    Delivery(Outcome),
+    Claim(Vec<ClaimedEmail>),
+    Results(Vec<bool>),
+}
+
+impl Ran {
+    /// The answer to `work`, the unit that produced this.
+    fn done(self, work: Work) -> Done {
+        match (self, work) {
+            (Ran::Delivery(outcome), Work::Delivery { reply, .. }) => {
+                Done::Delivery(reply, Ok(outcome))
+            }
+            (Ran::Claim(rows), Work::OutboxClaim { reply, .. }) => {
+                Done::OutboxClaim(reply, Ok(rows))
+            }
+            (Ran::Results(owned), Work::OutboxResults { reply, .. }) => {
+                Done::OutboxResults(reply, Ok(owned))
+            }
+            _ => unreachable!("a unit's output is of its own kind"),
+        }
+    }
+}
+
+/// Runs a delivery, a claim or a batch of results in the open transaction, without a savepoint
+/// (see [`commit_batch`]).
+fn run_optimistically(db: &mut Statements<'_>, work: &Work, now: Now) -> Result<Ran, StoreError> {
+    Ok(match work {
+        Work::Delivery { event, payload, .. } => {
+            Ran::Delivery(record_event_and_apply(db, event, payload, now.unix)?)
+        }
+        Work::OutboxClaim { request, .. } => Ran::Claim(outbox::claim_due_in_transaction(
+            db.conn(),
+            request,
+            now.millis,
+        )?),
+        Work::OutboxResults { owner, results, .. } => Ran::Results(
+            outbox::record_results_in_transaction(db.conn(), owner, results, now.millis)?,
+        ),
+        Work::Idempotent { .. } => unreachable!("API work always runs in its own savepoint"),
+    })
+}
+
 /// The optimistic pass of [`commit_batch`] failed at `records[failed]` with `error`: roll back,
-/// answer that delivery with its error, and run the others again with a savepoint each.
+/// answer that unit with its error, and run the others again with a savepoint each.
 fn rerun_without(
     conn: &Connection,
     mut records: Vec<RecordJob>,
@@ -702,17 +753,13 @@ fn rerun_without(
         records.into_iter().for_each(|job| job.work.fail());
         return true;
     }
-    if let Work::Delivery { event, reply, .. } = poisoned.work {
-        poisoned
-            .span
-            .in_scope(|| log_delivery_failure(&event, &error));
-        Done::Delivery(reply, Err(error)).answer();
-    }
+    let RecordJob { work, span } = poisoned;
+    span.in_scope(|| work.fail_alone(error));
     if records.is_empty() {
         return false;
     }
     tracing::info!(
-        deliveries = records.len(),
+        units = records.len(),
         "rerunning the rest of the batch with a savepoint each"
     );
     commit_with_savepoints(conn, records, now, counters)
@@ -851,7 +898,7 @@ fn run_work(db: &mut Statements<'_>, work: Work, now: Now) -> (Done, Option<Stor
             ) {
                 Ok(result) => {
                     if let Err(e) = &result {
-                        tracing::error!(client, error = %crate::telemetry::ErrorChain(e), "API work failed and was rolled back alone");
+                        log_api_failure(&client, e);
                     }
                     (Done::Idempotent(reply, result), None)
                 }
@@ -875,7 +922,7 @@ fn run_work(db: &mut Statements<'_>, work: Work, now: Now) -> (Done, Option<Stor
             ) {
                 Ok(result) => {
                     if let Err(e) = &result {
-                        tracing::warn!(error = %crate::telemetry::ErrorChain(e), "the relay's claim failed and was rolled back alone");
+                        log_claim_failure(e);
                     }
                     (Done::OutboxClaim(reply, result), None)
                 }
@@ -904,7 +951,7 @@ fn run_work(db: &mut Statements<'_>, work: Work, now: Now) -> (Done, Option<Stor
             ) {
                 Ok(result) => {
                     if let Err(e) = &result {
-                        tracing::warn!(error = %crate::telemetry::ErrorChain(e), "recording the relay's results failed and was rolled back alone");
+                        log_results_failure(e);
                     }
                     (Done::OutboxResults(reply, result), None)
                 }
@@ -926,6 +973,28 @@ fn log_delivery_failure(event: &NormalizedEvent, error: &StoreError) {
         error = %crate::telemetry::ErrorChain(error),
         "delivery failed and was rolled back alone"
     );
+}
+
+/// A unit's own failure, rolled back alone.
+fn log_failure_alone(work: &Work, error: &StoreError) {
+    match work {
+        Work::Delivery { event, .. } => log_delivery_failure(event, error),
+        Work::Idempotent { request, .. } => log_api_failure(&request.client, error),
+        Work::OutboxClaim { .. } => log_claim_failure(error),
+        Work::OutboxResults { .. } => log_results_failure(error),
+    }
+}
+
+fn log_api_failure(client: &str, error: &StoreError) {
+    tracing::error!(client, error = %crate::telemetry::ErrorChain(error), "API work failed and was rolled back alone");
+}
+
+fn log_claim_failure(error: &StoreError) {
+    tracing::warn!(error = %crate::telemetry::ErrorChain(error), "the relay's claim failed and was rolled back alone");
+}
+
+fn log_results_failure(error: &StoreError) {
+    tracing::warn!(error = %crate::telemetry::ErrorChain(error), "recording the relay's results failed and was rolled back alone");
 }
 
 /// Errors after which this connection should not be trusted again. Busy and full are not among
