@@ -4,8 +4,8 @@
 # `.eml` files), EVENTS unique signed Stripe deliveries plus 20 % racing redeliveries at
 # CONNECTIONS connections, every run checked with --check-db. One load generator (B's) drives
 # both. Prints each run, then the median deliveries/s, p99 and max of each side and B/A. Each
-# run's files are kept until the end (see benches/relay_drain.sh: on a file system mounted with
-# `discard`, deleting many files slows the next runs).
+# run's files are kept until the end (on ext4 without a journal, deleting many files slows the
+# next runs: see make_work_dir in benches/lib.sh).
 #
 #   benches/ab.sh A_BINARY B_BINARY [PAIRS (4)] [EVENTS (100000)] [CONNECTIONS (64)] [-- SERVE_ARGS…]
 set -euo pipefail
@@ -19,8 +19,7 @@ connections=${5:-64}
 shift $(($# < 5 ? $# : 5))
 [ "${1:-}" = "--" ] && shift
 export STRIPE_WEBHOOK_SECRET=whsec_ab_c2VrYWxpLWFi
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+make_work_dir
 
 run() { # side binary pair
     local side=$1 binary=$2 dir=$work/$1-$3 port server

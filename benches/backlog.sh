@@ -29,8 +29,7 @@ esac
 cargo build --release --quiet
 bin=$PWD/target/release/sekali
 export STRIPE_WEBHOOK_SECRET=whsec_backlog_c2VrYWxpLWJhY2tsb2c
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+make_work_dir
 
 fill "$bin" "$work/backlog.db" "$rows"
 pending=$(sqlite3 "$work/backlog.db" "SELECT count(*) FROM email_outbox WHERE status = 'pending'")

@@ -89,8 +89,9 @@ fn main() {
         .unwrap_or(FILE_BATCH);
     yardstick(n);
     for sync in [DirSync::FileSystem, DirSync::EachFile] {
-        // Kept, not deleted: on a file system mounted with `discard`, deleting 20,000 files
-        // slows whatever writes next (here, the next configuration).
+        // Kept, not deleted: on ext4 without a journal, deleting 20,000 files slows whatever
+        // creates files next (here, the next configuration; see make_work_dir in
+        // benches/lib.sh).
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .unwrap()
             .keep();

@@ -13,9 +13,9 @@
 # which goes first, so that the two are compared on the same disk in one run. Rows/s are ROWS
 # over the drain time; peak RSS is the relay's VmHWM. The mail directory is on the same file
 # system as the database (TMPDIR), as a shop's would be. Every round's files are kept until the
-# run ends: on a file system mounted with `discard`, deleting 200,000 files slows every file
-# created for a while after (seen here: drains fell from about 15,000 to about 3,000 rows/s for
-# either build), and so does a deletion still running when the script starts.
+# run ends: on ext4 without a journal, deleting 200,000 files slows every file created for
+# minutes after (seen here: drains fell from about 15,000 to about 3,000 rows/s for either build;
+# see make_work_dir in benches/lib.sh), and so does a deletion shortly before the script starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
@@ -26,8 +26,7 @@ other=${3:-}
 cargo build --release --quiet
 bin=$PWD/target/release/sekali
 export STRIPE_WEBHOOK_SECRET=whsec_drain_c2VrYWxpLWRyYWlu
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+make_work_dir
 
 fill "$bin" "$work/this.db" "$rows"
 [ -z "$other" ] || fill "$other" "$work/other.db" "$rows"

@@ -25,9 +25,9 @@ bin=${SEKALI_BIN:-$PWD/target/release/sekali}
 export STRIPE_WEBHOOK_SECRET=whsec_soak_c2VrYWxpLXNvYWs
 status=0
 # Every soak's files are kept until the end: deleting the relay's million emails right before
-# the `--no-relay` soak slowed its disk for minutes (a file system mounted with `discard`).
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+# the `--no-relay` soak slowed it for minutes (ext4 without a journal: see make_work_dir in
+# benches/lib.sh).
+make_work_dir
 
 soak() { # label, then extra serve arguments
     local label=$1

@@ -102,8 +102,9 @@ fn measure_with_relay(
     events: usize,
     concurrency: usize,
 ) -> (BenchReport, u64, Option<Relay>) {
-    // Kept until the end of the run (see `RUNS`): on a file system mounted with `discard`,
-    // deleting the last run's 200,000 files while the next one runs slows it.
+    // Kept until the end of the run (see `RUNS`): on ext4 without a journal, deleting the last
+    // run's 200,000 files slows the file creation of the runs after it for minutes (see
+    // make_work_dir in benches/lib.sh).
     let dir = tempfile::tempdir_in(RUNS.path()).unwrap().keep();
     let db = dir.join("bench.db");
     // Each configuration starts with nothing dirty in the page cache. The relay's syncfs (one
@@ -261,8 +262,13 @@ fn main() {
         batched.deliveries_per_sec / single.deliveries_per_sec,
         batched_p50 / single_p50,
     );
-    // Statics are not dropped: the runs' files go here, after the last figure.
-    let _ = std::fs::remove_dir_all(RUNS.path());
+    // Statics are not dropped: the runs' files go here, after the last figure, unless they are
+    // to be kept for a benchmark that follows (SEKALI_BENCH_KEEP=1, as the scripts in benches/).
+    if std::env::var_os("SEKALI_BENCH_KEEP").is_some_and(|keep| keep == "1") {
+        eprintln!("the runs' files are kept in {}", RUNS.path().display());
+    } else {
+        let _ = std::fs::remove_dir_all(RUNS.path());
+    }
 }
 
 /// Runs of each setting at one connection, alternating.
