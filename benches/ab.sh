@@ -40,13 +40,14 @@ run() { # side binary pair
     python3 - "$side" "$dir/report.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[2]))
-print(f"{sys.argv[1]} {r['deliveries_per_sec']:.0f} {r['p99_ms']:.2f} {r['max_ms']:.2f} {r['check_db']}")
+slowest = " ".join(f"{d['ms']:.0f}@{d['sent_at_s']:.1f}s" for d in r['slowest'])
+print(f"{sys.argv[1]} {r['deliveries_per_sec']:.0f} {r['p99_ms']:.2f} {r['max_ms']:.2f} {r['check_db']} {slowest}")
 EOF
 }
 
 echo "A: $a"
 echo "B: $b"
-echo "side deliveries/s p99_ms max_ms check_db"
+echo "side deliveries/s p99_ms max_ms check_db slowest(ms@sent_at)"
 for pair in $(seq "$pairs"); do
     if [ $((pair % 2)) = 1 ]; then
         run A "$a" "$pair" "$@" | tee -a "$work/results"

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 mod report;
 
-pub use report::BenchReport;
+pub use report::{BenchReport, SlowDelivery};
 
 use crate::clock::{Clock, SystemClock};
 use crate::providers::Provider;
@@ -164,19 +164,14 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
             std::thread::spawn(move || {
                 actix_web::rt::System::new().block_on(client_loop(
                     per_thread, plan, next, target, template, signer, deadline, pacing, retry,
+                    started,
                 ))
             })
         })
         .collect();
     let mut outcome = ThreadOutcome::default();
     for handle in handles {
-        let part = handle.join().expect("a bench client thread panicked");
-        outcome.latencies_us.extend(part.latencies_us);
-        outcome.errors += part.errors;
-        outcome.retried += part.retried;
-        for (code, n) in part.non_2xx {
-            *outcome.non_2xx.entry(code).or_default() += n;
-        }
+        outcome.absorb(handle.join().expect("a bench client thread panicked"));
     }
     let seconds = started.elapsed().as_secs_f64();
     outcome.latencies_us.sort_unstable();
@@ -213,6 +208,7 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         p90_ms: percentile(90.0),
         p99_ms: percentile(99.0),
         max_ms: percentile(100.0),
+        slowest: outcome.slowest,
         check_db: None,
     };
     if let Some(db) = &config.check_db {
@@ -225,9 +221,47 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
 struct ThreadOutcome {
     /// One per request answered 2xx.
     latencies_us: Vec<u32>,
+    /// The slowest of them, with when each was sent: at most [`SLOWEST`].
+    slowest: Vec<SlowDelivery>,
     non_2xx: BTreeMap<u16, usize>,
     errors: usize,
     retried: usize,
+}
+
+/// How many of the slowest deliveries the report lists, with when each was sent.
+pub const SLOWEST: usize = 5;
+
+impl ThreadOutcome {
+    /// Counts a 2xx answer that took `latency_us`, sent `sent_at_s` seconds into the run.
+    fn answered(&mut self, latency_us: u32, sent_at_s: f64) {
+        self.latencies_us.push(latency_us);
+        let slow = SlowDelivery {
+            ms: f64::from(latency_us) / 1000.0,
+            sent_at_s,
+        };
+        if self.slowest.len() < SLOWEST {
+            self.slowest.push(slow);
+        } else if let Some(fastest) = self
+            .slowest
+            .iter_mut()
+            .min_by(|a, b| a.ms.total_cmp(&b.ms))
+            .filter(|fastest| fastest.ms < slow.ms)
+        {
+            *fastest = slow;
+        }
+    }
+
+    fn absorb(&mut self, part: ThreadOutcome) {
+        self.latencies_us.extend(part.latencies_us);
+        self.slowest.extend(part.slowest);
+        self.slowest.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+        self.slowest.truncate(SLOWEST);
+        self.errors += part.errors;
+        self.retried += part.retried;
+        for (code, n) in part.non_2xx {
+            *self.non_2xx.entry(code).or_default() += n;
+        }
+    }
 }
 
 /// Where the requests go: the address to connect to, and the request line's path and `Host`.
@@ -368,6 +402,7 @@ async fn client_loop(
     deadline: Instant,
     pacing: Option<(Pacing, usize)>,
     retry: bool,
+    run_started: Instant,
 ) -> ThreadOutcome {
     let target = Rc::new(target);
     let template = Rc::new(template);
@@ -447,8 +482,9 @@ async fn client_loop(
                     sent = deliver => match sent {
                         Ok(status) => {
                             if status.is_success() {
-                                out.latencies_us.push(
+                                out.answered(
                                     started.elapsed().as_micros().min(u32::MAX as u128) as u32,
+                                    started.saturating_duration_since(run_started).as_secs_f64(),
                                 );
                             } else {
                                 *out.non_2xx.entry(status.as_u16()).or_default() += 1;
@@ -473,12 +509,7 @@ async fn client_loop(
     let parts = futures_util::future::join_all(workers).await;
     let mut total = ThreadOutcome::default();
     for part in parts {
-        total.latencies_us.extend(part.latencies_us);
-        total.errors += part.errors;
-        total.retried += part.retried;
-        for (code, n) in part.non_2xx {
-            *total.non_2xx.entry(code).or_default() += n;
-        }
+        total.absorb(part);
     }
     total
 }

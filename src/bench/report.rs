@@ -35,9 +35,20 @@ pub struct BenchReport {
     pub p90_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub max_ms: Option<f64>,
+    /// The slowest deliveries answered 2xx (at most [`super::SLOWEST`]), slowest first, with when
+    /// each was sent: whether a run's worst waits came at its start, together, or spread out.
+    pub slowest: Vec<SlowDelivery>,
     /// "ok" or what --check-db found wrong; absent without --check-db.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check_db: Option<String>,
+}
+
+/// A delivery answered 2xx: how long it took, and when it was sent, in seconds since the run
+/// began (for a paced request sent late, when it was due).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SlowDelivery {
+    pub ms: f64,
+    pub sent_at_s: f64,
 }
 
 impl BenchReport {
@@ -101,6 +112,14 @@ impl BenchReport {
             ms(self.p99_ms),
             ms(self.max_ms)
         );
+        if !self.slowest.is_empty() {
+            let slowest: Vec<String> = self
+                .slowest
+                .iter()
+                .map(|d| format!("{:.2} ms at {:.1} s", d.ms, d.sent_at_s))
+                .collect();
+            out.push_str(&format!("slowest 2xx        {}\n", slowest.join(", ")));
+        }
         if self.retried > 0 {
             out.push_str(&format!(
                 "retried            {} (sent again after a 5xx, as a provider would)\n",
