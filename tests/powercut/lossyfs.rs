@@ -696,6 +696,29 @@ pub struct LossyMount {
     _dir: tempfile::TempDir,
 }
 
+/// Keeps every page of this process resident (`mlockall`), so that the file system it serves
+/// cannot deadlock with its own clients. The server runs in the test process, and so do the
+/// tests' own SQLite connections to databases on the mount, whose WAL index (`-shm`) is a shared
+/// mapping of a file served here. When such a mapping goes (`munmap`, with the process's memory
+/// map locked for writing), the kernel writes its dirty pages back and waits for this server
+/// (`fuse_vma_close`). The server thread then copies the write into its buffer, pinning the
+/// buffer's pages; when they are not resident, pinning them takes the same lock, and both wait
+/// for ever. Seen as a power-cut suite that stopped after its first test, with `ps` hanging on
+/// the process: threads in `munmap` → `write_inode_now` and in `fuse_dev_do_read` →
+/// `__gup_longterm_locked`. Resident pages are pinned without the lock. Every mapping made after
+/// this call is filled in when it is made, so the server's buffers and stacks are resident
+/// from their start. Where the call is refused (an unprivileged user's lock limit), the tests
+/// run as before, with that rare deadlock possible.
+fn keep_this_process_resident() {
+    use rustix::mm::{mlockall, MlockAllFlags};
+    static LOCKED: std::sync::Once = std::sync::Once::new();
+    LOCKED.call_once(|| {
+        if let Err(e) = mlockall(MlockAllFlags::CURRENT | MlockAllFlags::FUTURE) {
+            eprintln!("lossyfs: mlockall failed ({e}); the mount may deadlock with this process's own mappings of it");
+        }
+    });
+}
+
 impl LossyMount {
     /// Mounts an empty filesystem named `sekali-lossyfs` (type `fuse.lossyfs`). Needs
     /// `/dev/fuse`, and root or the `fusermount3` helper (Debian's `fuse3`).
@@ -706,6 +729,7 @@ impl LossyMount {
     /// allows that only with `allow_other`, and then serves the owner and root only. Without
     /// `fusermount3`, it mounts directly (as root), without `auto_unmount`.
     pub fn new() -> io::Result<Self> {
+        keep_this_process_resident();
         let dir = tempfile::Builder::new().prefix("lossyfs-").tempdir()?;
         let path = dir.path().canonicalize()?;
         let state = Arc::new(Mutex::new(State::new()));
