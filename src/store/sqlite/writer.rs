@@ -161,17 +161,16 @@ enum Work {
 impl Work {
     /// Answers 503: the work did not commit.
     fn fail(self) {
+        self.failed(transaction_lost()).answer()
+    }
+
+    /// The answer that this work failed with `error`.
+    fn failed(self, error: StoreError) -> Done {
         match self {
-            Work::Delivery { reply, .. } => Done::Delivery(reply, Err(transaction_lost())).answer(),
-            Work::Idempotent { reply, .. } => {
-                Done::Idempotent(reply, Err(transaction_lost())).answer()
-            }
-            Work::OutboxClaim { reply, .. } => {
-                Done::OutboxClaim(reply, Err(transaction_lost())).answer()
-            }
-            Work::OutboxResults { reply, .. } => {
-                Done::OutboxResults(reply, Err(transaction_lost())).answer()
-            }
+            Work::Delivery { reply, .. } => Done::Delivery(reply, Err(error)),
+            Work::Idempotent { reply, .. } => Done::Idempotent(reply, Err(error)),
+            Work::OutboxClaim { reply, .. } => Done::OutboxClaim(reply, Err(error)),
+            Work::OutboxResults { reply, .. } => Done::OutboxResults(reply, Err(error)),
         }
     }
 
@@ -183,15 +182,10 @@ impl Work {
         matches!(self, Work::OutboxClaim { .. } | Work::OutboxResults { .. })
     }
 
-    /// Answers the unit's own failure, which was rolled back alone, and logs it.
-    fn fail_alone(self, error: StoreError) {
+    /// The answer to the unit's own failure, which was rolled back alone; logged.
+    fn failed_alone(self, error: StoreError) -> Done {
         log_failure_alone(&self, &error);
-        match self {
-            Work::Delivery { reply, .. } => Done::Delivery(reply, Err(error)).answer(),
-            Work::Idempotent { reply, .. } => Done::Idempotent(reply, Err(error)).answer(),
-            Work::OutboxClaim { reply, .. } => Done::OutboxClaim(reply, Err(error)).answer(),
-            Work::OutboxResults { reply, .. } => Done::OutboxResults(reply, Err(error)).answer(),
-        }
+        self.failed(error)
     }
 }
 
@@ -665,7 +659,7 @@ fn commit_batch(
     for (index, job) in records[..optimistic].iter().enumerate() {
         match job
             .span
-            .in_scope(|| run_optimistically(&mut db, &job.work, now))
+            .in_scope(|| run_rerunnable(&mut db, &job.work, now))
         {
             Ok(output) => ran.push(output),
             Err(e) => {
@@ -692,6 +686,11 @@ enum Ran {
 }
 
 impl Ran {
+    /// Whether its savepoint keeps what it did: a duplicate delivery's is rolled back.
+    fn keeps(&self) -> bool {
+        !matches!(self, Ran::Delivery(Outcome::Duplicate))
+    }
+
     /// The answer to `work`, the unit that produced this.
     fn done(self, work: Work) -> Done {
         match (self, work) {
@@ -709,9 +708,9 @@ impl Ran {
     }
 }
 
-/// Runs a delivery, a claim or a batch of results in the open transaction, without a savepoint
-/// (see [`commit_batch`]).
-fn run_optimistically(db: &mut Statements<'_>, work: &Work, now: Now) -> Result<Ran, StoreError> {
+/// Runs a delivery, a claim or a batch of results in the open transaction: in the first pass
+/// of [`commit_batch`] as it is, in the rerun inside its savepoint (see [`run_work`]).
+fn run_rerunnable(db: &mut Statements<'_>, work: &Work, now: Now) -> Result<Ran, StoreError> {
     Ok(match work {
         Work::Delivery { event, payload, .. } => {
             Ran::Delivery(record_event_and_apply(db, event, payload, now.unix)?)
@@ -754,7 +753,7 @@ fn rerun_without(
         return true;
     }
     let RecordJob { work, span } = poisoned;
-    span.in_scope(|| work.fail_alone(error));
+    span.in_scope(|| work.failed_alone(error)).answer();
     if records.is_empty() {
         return false;
     }
@@ -867,33 +866,12 @@ fn commit_and_answer(conn: &Connection, done: Vec<Done>, counters: &WriterCounte
 /// Runs one unit of work in its savepoint. The second value is set when the enclosing
 /// transaction is no longer usable.
 fn run_work(db: &mut Statements<'_>, work: Work, now: Now) -> (Done, Option<StoreError>) {
-    let now_unix = now.unix;
-    match work {
-        Work::Delivery {
-            event,
-            payload,
-            reply,
-        } => {
-            let keep = |outcome: &Outcome| *outcome != Outcome::Duplicate;
-            match in_savepoint(
-                db,
-                |c| record_event_and_apply(c, &event, &payload, now_unix),
-                keep,
-            ) {
-                Ok(result) => {
-                    if let Err(e) = &result {
-                        log_delivery_failure(&event, e);
-                    }
-                    (Done::Delivery(reply, result), None)
-                }
-                Err(broken) => (Done::Delivery(reply, Err(transaction_lost())), Some(broken)),
-            }
-        }
+    let work = match work {
         Work::Idempotent { request, reply } => {
             let client = request.client.clone();
-            match in_savepoint(
+            return match in_savepoint(
                 db,
-                |db| run_idempotent(db.conn(), request, now_unix),
+                |db| run_idempotent(db.conn(), request, now.unix),
                 |_| true,
             ) {
                 Ok(result) => {
@@ -906,61 +884,14 @@ fn run_work(db: &mut Statements<'_>, work: Work, now: Now) -> (Done, Option<Stor
                     Done::Idempotent(reply, Err(transaction_lost())),
                     Some(broken),
                 ),
-            }
+            };
         }
-        Work::OutboxClaim { request, reply } => {
-            match in_savepoint(
-                db,
-                |db| {
-                    Ok(outbox::claim_due_in_transaction(
-                        db.conn(),
-                        &request,
-                        now.millis,
-                    )?)
-                },
-                |_| true,
-            ) {
-                Ok(result) => {
-                    if let Err(e) = &result {
-                        log_claim_failure(e);
-                    }
-                    (Done::OutboxClaim(reply, result), None)
-                }
-                Err(broken) => (
-                    Done::OutboxClaim(reply, Err(transaction_lost())),
-                    Some(broken),
-                ),
-            }
-        }
-        Work::OutboxResults {
-            owner,
-            results,
-            reply,
-        } => {
-            match in_savepoint(
-                db,
-                |db| {
-                    Ok(outbox::record_results_in_transaction(
-                        db.conn(),
-                        &owner,
-                        &results,
-                        now.millis,
-                    )?)
-                },
-                |_| true,
-            ) {
-                Ok(result) => {
-                    if let Err(e) = &result {
-                        log_results_failure(e);
-                    }
-                    (Done::OutboxResults(reply, result), None)
-                }
-                Err(broken) => (
-                    Done::OutboxResults(reply, Err(transaction_lost())),
-                    Some(broken),
-                ),
-            }
-        }
+        rerunnable => rerunnable,
+    };
+    match in_savepoint(db, |db| run_rerunnable(db, &work, now), Ran::keeps) {
+        Ok(Ok(ran)) => (ran.done(work), None),
+        Ok(Err(e)) => (work.failed_alone(e), None),
+        Err(broken) => (work.failed(transaction_lost()), Some(broken)),
     }
 }
 
@@ -980,21 +911,17 @@ fn log_failure_alone(work: &Work, error: &StoreError) {
     match work {
         Work::Delivery { event, .. } => log_delivery_failure(event, error),
         Work::Idempotent { request, .. } => log_api_failure(&request.client, error),
-        Work::OutboxClaim { .. } => log_claim_failure(error),
-        Work::OutboxResults { .. } => log_results_failure(error),
+        Work::OutboxClaim { .. } => {
+            tracing::warn!(error = %crate::telemetry::ErrorChain(error), "the relay's claim failed and was rolled back alone")
+        }
+        Work::OutboxResults { .. } => {
+            tracing::warn!(error = %crate::telemetry::ErrorChain(error), "recording the relay's results failed and was rolled back alone")
+        }
     }
 }
 
 fn log_api_failure(client: &str, error: &StoreError) {
     tracing::error!(client, error = %crate::telemetry::ErrorChain(error), "API work failed and was rolled back alone");
-}
-
-fn log_claim_failure(error: &StoreError) {
-    tracing::warn!(error = %crate::telemetry::ErrorChain(error), "the relay's claim failed and was rolled back alone");
-}
-
-fn log_results_failure(error: &StoreError) {
-    tracing::warn!(error = %crate::telemetry::ErrorChain(error), "recording the relay's results failed and was rolled back alone");
 }
 
 /// Errors after which this connection should not be trusted again. Busy and full are not among
