@@ -1,13 +1,15 @@
 //! `cargo bench --bench email`: what one customer email costs the relay, phase by phase, on one
 //! core: rendering the templates (minijinja, the amount by ICU4X's CLDR data), building the
-//! RFC 5322 message (lettre), and writing a batch of `.eml` files durably (temporary names, one
-//! syncfs or an fsync each, renames, one directory fsync). SEKALI_BENCH_EMAILS (default 20000)
-//! emails, in batches of the relay's file batch.
+//! RFC 5322 message (lettre), and writing a batch of `.eml` files durably (unnamed files, one
+//! syncfs or an fsync each, names, one directory fsync): one batch after another, and as the
+//! relay does it, each batch written while the one before is synced and named.
+//! SEKALI_BENCH_EMAILS (default 20000) emails, in batches of SEKALI_BENCH_FILE_BATCH (default
+//! the relay's in `serve`).
 
 use std::time::{Duration, Instant};
 
 use sekali::jobs::relay::FILE_BATCH;
-use sekali::mail::eml::{write_eml_batch, DirSync};
+use sekali::mail::eml::{write_eml_batch, write_unsynced, DirSync, Unsynced};
 use sekali::mail::transport::Messages;
 use sekali::mail::{render, RenderedEmail, Sender};
 use sekali::store::ClaimedEmail;
@@ -36,7 +38,7 @@ fn claimed(i: usize) -> ClaimedEmail {
 
 fn per_email(label: &str, elapsed: Duration, n: usize) {
     println!(
-        "{label:<44} {:>8.1} µs per email   {:>9.0} emails/s",
+        "{label:<56} {:>8.1} µs per email   {:>9.0} emails/s",
         elapsed.as_secs_f64() * 1e6 / n as f64,
         n as f64 / elapsed.as_secs_f64()
     );
@@ -78,7 +80,7 @@ fn main() {
     per_email("build the message (lettre, MIME)", started.elapsed(), n);
     let bytes: usize = files.iter().map(|(_, b)| b.len()).sum();
     println!(
-        "{:<44} {:>8.0} bytes per email",
+        "{:<56} {:>8.0} bytes per email",
         "message size",
         bytes as f64 / n as f64
     );
@@ -89,31 +91,66 @@ fn main() {
         .unwrap_or(FILE_BATCH);
     yardstick(n);
     for sync in [DirSync::FileSystem, DirSync::EachFile] {
-        // Kept, not deleted: on ext4 without a journal, deleting 20,000 files slows whatever
-        // creates files next (here, the next configuration; see make_work_dir in
-        // benches/lib.sh).
-        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .unwrap()
-            .keep();
-        let dir = &dir;
-        // The benchmark's own sync choice, whatever the file system: the line says which.
-        let started = Instant::now();
-        for batch in files.chunks(batch_size) {
-            for result in write_eml_batch(dir, batch, sync) {
-                result.unwrap();
+        for pipelined in [false, true] {
+            // Kept, not deleted: on ext4 without a journal, deleting 20,000 files slows whatever
+            // creates files next (here, the next configuration; see make_work_dir in
+            // benches/lib.sh).
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+                .unwrap()
+                .keep();
+            // The benchmark's own sync choice, whatever the file system: the line says which.
+            let started = Instant::now();
+            if pipelined {
+                write_pipelined(&dir, &files, batch_size, sync);
+            } else {
+                for batch in files.chunks(batch_size) {
+                    for result in write_eml_batch(&dir, batch, sync) {
+                        result.unwrap();
+                    }
+                }
             }
+            per_email(
+                &format!(
+                    "write .eml durably, {}{}",
+                    sync.as_str(),
+                    if pipelined { ", pipelined" } else { "" }
+                ),
+                started.elapsed(),
+                n,
+            );
         }
-        per_email(
-            &format!("write .eml durably, {}", sync.as_str()),
-            started.elapsed(),
-            n,
-        );
         println!(
-            "{:<44} {}",
+            "{:<56} {}",
             "  (the mail directory's file system gets)",
-            DirSync::for_dir(dir).as_str()
+            DirSync::for_dir(env!("CARGO_TARGET_TMPDIR").as_ref()).as_str()
         );
     }
+}
+
+/// As the relay writes files: each batch is written on this thread while the one before is
+/// synced and named on another.
+fn write_pipelined(
+    dir: &std::path::Path,
+    files: &[(String, Vec<u8>)],
+    batch: usize,
+    sync: DirSync,
+) {
+    let (to_name, written) = std::sync::mpsc::sync_channel::<Unsynced>(1);
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            for unsynced in written {
+                for result in unsynced.sync_and_name() {
+                    result.unwrap();
+                }
+            }
+        });
+        for chunk in files.chunks(batch) {
+            to_name
+                .send(write_unsynced(dir, chunk, sync).unwrap())
+                .unwrap();
+        }
+        drop(to_name);
+    });
 }
 
 /// The file system's own pace, as issue 16 measured it: 3 KB files created under their final

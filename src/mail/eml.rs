@@ -1,11 +1,19 @@
 //! The mail directory: each email one `<key>.eml` file, on the disk before its row is `sent`.
 //!
-//! [`write_eml_batch`] writes a batch in two steps. First every email goes into a file that has
-//! no name yet (`O_TMPFILE`), and their data is synced (see [`DirSync`]); then each gets its
-//! name (`linkat`), and the directory is synced, so that the names are durable too. A reader
-//! never sees half an email, and after a power cut a `.eml` file is whole or absent. One
-//! barrier of each kind per batch, not per file. (Measured draining 200,000 rows, for a batch
-//! of 4,096: 45 ms writing, 45 ms syncing, 76 ms naming and syncing the directory.)
+//! A batch is written in three steps, each a type of its own, so that no step can be skipped or
+//! taken out of order: [`write_unsynced`] puts every email into a file that has no name yet
+//! (`O_TMPFILE`), giving an [`Unsynced`] batch; [`Unsynced::sync`] makes their data durable
+//! (see [`DirSync`]), giving an [`Unnamed`] one; [`Unnamed::name`] gives each its name
+//! (`linkat`) and syncs the directory, so that the names are durable too. A reader never sees
+//! half an email, and after a power cut a `.eml` file is whole or absent. One barrier of each
+//! kind per batch, not per file.
+//!
+//! The first step takes no lock of the directory's, so the relay writes its next batch while
+//! this one is synced and named (see [`crate::mail::transport::Transport::send_batch`]): the
+//! syncs are waits for the disk, and the CPU then writes the next batch instead of idling.
+//! Measured here with 3 KB files, 200,000 in batches of 4,096: about 21,000 files/s one step
+//! after another, 32,000–36,000 files/s with the writing of a batch beside the naming of the one
+//! before.
 //!
 //! Why unnamed files: a name is a directory entry, and in a directory of 200,000 emails the
 //! entries cost more than the data. An unnamed file gets one entry; a temporary name costs three
@@ -100,16 +108,29 @@ pub fn files_per_batch() -> usize {
 
 /// Writes `files` (`(key, message)`) as `<dir>/<key>.eml`, and returns only once they are on
 /// the disk, not merely in the page cache: the relay marks a row `sent` on this `Ok`, and a
-/// power cut must not take back an email the database says was sent. Both steps, in order.
+/// power cut must not take back an email the database says was sent. The three steps, one
+/// after the other.
 pub fn write_eml_batch(
     dir: &Path,
     files: &[(String, Vec<u8>)],
     sync: DirSync,
 ) -> Vec<Result<(), WriteError>> {
-    match Unnamed::write(dir, files, sync) {
-        Ok(batch) => batch.name(),
+    match write_unsynced(dir, files, sync) {
+        Ok(batch) => batch.sync_and_name(),
         Err(error) => files.iter().map(|_| Err(error.clone())).collect(),
     }
+}
+
+/// The first step: writes each email into a file of its own, without a name (nothing of the
+/// batch is visible in `dir` yet). With [`DirSync::EachFile`] each file is synced as it is
+/// written; with [`DirSync::FileSystem`] the data is synced by [`Unsynced::sync`]. `Err`: the
+/// directory could not be made or opened, and nothing was written.
+pub fn write_unsynced(
+    dir: &Path,
+    files: &[(String, Vec<u8>)],
+    sync: DirSync,
+) -> Result<Unsynced, WriteError> {
+    Unsynced::write_as(dir, files, sync, sync.naming())
 }
 
 /// How an email gets its name.
@@ -125,20 +146,27 @@ enum Naming {
     Temporary,
 }
 
-/// Where an email's synced data waits for its name.
-enum Written {
+/// Where an email's data waits for its name.
+enum EmailFile {
     Unnamed(std::fs::File),
     Named(std::fs::File),
 }
 
-/// A batch of emails written and synced, waiting for their names: the first of the two steps
-/// (see the module's documentation).
-struct Unnamed {
+/// A batch of emails written, their data possibly still only in the page cache: the first of
+/// the three steps (see the module's documentation). Dropped, it leaves nothing behind but the
+/// temporary names of a file system without unnamed files, which a later batch overwrites.
+pub struct Unsynced(Batch);
+
+/// A batch of emails written and synced, waiting for their names: the second step.
+pub struct Unnamed(Batch);
+
+struct Batch {
     dir: PathBuf,
     dir_fd: OwnedFd,
+    sync: DirSync,
     naming: Naming,
     /// Each email's key and its data, or why it could not be written.
-    emails: Vec<(String, Result<Written, WriteError>)>,
+    emails: Vec<(String, Result<EmailFile, WriteError>)>,
 }
 
 fn io_error(dir: &Path, what: &'static str, e: std::io::Error) -> WriteError {
@@ -153,23 +181,13 @@ fn tmp_name(key: &str) -> String {
     format!(".{key}.eml.tmp")
 }
 
-impl Unnamed {
-    /// Writes each email into a file of its own and syncs their data. `Err`: nothing of the
-    /// batch is on the disk (the directory could not be made or opened, or the sync failed).
-    fn write(
-        dir: &Path,
-        files: &[(String, Vec<u8>)],
-        sync: DirSync,
-    ) -> Result<Unnamed, WriteError> {
-        Self::write_as(dir, files, sync, sync.naming())
-    }
-
+impl Unsynced {
     fn write_as(
         dir: &Path,
         files: &[(String, Vec<u8>)],
         sync: DirSync,
         naming: Naming,
-    ) -> Result<Unnamed, WriteError> {
+    ) -> Result<Unsynced, WriteError> {
         use std::io::Write;
 
         crate::durable::create_dir_all(dir).map_err(|e| io_error(dir, "creating it", e))?;
@@ -183,7 +201,7 @@ impl Unnamed {
         let mut unnamed_supported = naming != Naming::Temporary;
         let mut emails = Vec::with_capacity(files.len());
         for (key, bytes) in files {
-            let mut write = || -> std::io::Result<Written> {
+            let mut write = || -> std::io::Result<EmailFile> {
                 let state = match unnamed_supported
                     .then(|| {
                         rustix::fs::openat(
@@ -195,7 +213,7 @@ impl Unnamed {
                     })
                     .transpose()
                 {
-                    Ok(Some(fd)) => Written::Unnamed(std::fs::File::from(fd)),
+                    Ok(Some(fd)) => EmailFile::Unnamed(std::fs::File::from(fd)),
                     Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) | Ok(None) => {
                         unnamed_supported = false;
                         let fd = rustix::fs::openat(
@@ -204,11 +222,11 @@ impl Unnamed {
                             OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC,
                             file_mode,
                         )?;
-                        Written::Named(std::fs::File::from(fd))
+                        EmailFile::Named(std::fs::File::from(fd))
                     }
                     Err(e) => return Err(e.into()),
                 };
-                let (Written::Unnamed(file) | Written::Named(file)) = &state;
+                let (EmailFile::Unnamed(file) | EmailFile::Named(file)) = &state;
                 let mut file: &std::fs::File = file;
                 file.write_all(bytes)?;
                 if sync == DirSync::EachFile {
@@ -219,26 +237,56 @@ impl Unnamed {
             let written = write().map_err(|e| io_error(dir, "writing", e));
             emails.push((key.clone(), written));
         }
-        if sync == DirSync::FileSystem && emails.iter().any(|(_, w)| w.is_ok()) {
-            rustix::fs::syncfs(&dir_fd).map_err(|e| io_error(dir, "syncing", e.into()))?;
-        }
-        Ok(Unnamed {
+        Ok(Unsynced(Batch {
             dir: dir.to_owned(),
             dir_fd,
+            sync,
             naming,
             emails,
-        })
+        }))
     }
 
-    /// Gives each written email its name, then syncs the directory; the results are in the
-    /// order of the batch.
-    fn name(self) -> Vec<Result<(), WriteError>> {
-        let Unnamed {
+    /// The second step: makes the batch's data durable. `Err`: the sync failed, and none of
+    /// the batch counts as written.
+    pub fn sync(self) -> Result<Unnamed, WriteError> {
+        let batch = self.0;
+        // With an fsync each, every file was synced as it was written.
+        if batch.sync == DirSync::FileSystem && batch.emails.iter().any(|(_, w)| w.is_ok()) {
+            rustix::fs::syncfs(&batch.dir_fd)
+                .map_err(|e| io_error(&batch.dir, "syncing", e.into()))?;
+        }
+        // The relay never reads an email back: once on the disk, its pages leave the page
+        // cache, and the next batch's writes take freed pages instead of growing the cache
+        // until the kernel must reclaim. A hint only: what it cannot drop stays cached.
+        for (_, file) in &batch.emails {
+            if let Ok(EmailFile::Unnamed(file) | EmailFile::Named(file)) = file {
+                let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
+            }
+        }
+        Ok(Unnamed(batch))
+    }
+
+    /// The second and third steps: the results, in the order of the batch.
+    pub fn sync_and_name(self) -> Vec<Result<(), WriteError>> {
+        let count = self.0.emails.len();
+        match self.sync() {
+            Ok(batch) => batch.name(),
+            Err(error) => (0..count).map(|_| Err(error.clone())).collect(),
+        }
+    }
+}
+
+impl Unnamed {
+    /// The third step: gives each written email its name, then syncs the directory; the
+    /// results are in the order of the batch.
+    pub fn name(self) -> Vec<Result<(), WriteError>> {
+        let Batch {
             dir,
             dir_fd,
             naming,
             emails,
-        } = self;
+            ..
+        } = self.0;
         let io = |what: &'static str, e: std::io::Error| io_error(&dir, what, e);
         let mut empty_path = naming == Naming::Unnamed;
         let results: Vec<Result<(), WriteError>> = emails
@@ -246,11 +294,11 @@ impl Unnamed {
             .map(|(key, written)| {
                 let name = format!("{key}.eml");
                 match written? {
-                    Written::Named(_) => {
+                    EmailFile::Named(_) => {
                         rustix::fs::renameat(&dir_fd, tmp_name(&key), &dir_fd, &name)
                             .map_err(|e| io("renaming", e.into()))
                     }
-                    Written::Unnamed(file) => {
+                    EmailFile::Unnamed(file) => {
                         // The file itself (AT_EMPTY_PATH): Linux 6.10 and later let the process
                         // that opened it do that; before, it takes a privilege, and fails with
                         // ENOENT without it. Then the file's own link in /proc names it instead
@@ -293,7 +341,7 @@ impl Unnamed {
 
 #[cfg(test)]
 pub(super) mod tests {
-    use super::{DirSync, Naming, Unnamed};
+    use super::{write_unsynced, DirSync, Naming, Unsynced};
 
     fn batch() -> Vec<(String, Vec<u8>)> {
         (0..5)
@@ -317,7 +365,9 @@ pub(super) mod tests {
         sync: DirSync,
         naming: Naming,
     ) -> Vec<Result<(), super::WriteError>> {
-        Unnamed::write_as(dir, files, sync, naming).unwrap().name()
+        Unsynced::write_as(dir, files, sync, naming)
+            .unwrap()
+            .sync_and_name()
     }
 
     /// Both ways of naming leave exactly one whole file per email and nothing else: no
@@ -350,16 +400,57 @@ pub(super) mod tests {
         }
     }
 
-    /// Between the two steps an unnamed email is in no directory: a reader of the mail
-    /// directory sees nothing of a batch until it is named.
+    /// Until the last step an email is in no directory: a reader of the mail directory sees
+    /// nothing of a batch until it is named.
     #[test]
     fn a_written_batch_is_invisible_until_it_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let mail = dir.path().join("mail");
-        let written = Unnamed::write(&mail, &batch(), DirSync::FileSystem).unwrap();
+        let unsynced = write_unsynced(&mail, &batch(), DirSync::FileSystem).unwrap();
         assert_eq!(names(&mail), Vec::<String>::new());
-        assert!(written.name().iter().all(Result::is_ok));
+        let unnamed = unsynced.sync().unwrap();
+        assert_eq!(names(&mail), Vec::<String>::new());
+        assert!(unnamed.name().iter().all(Result::is_ok));
         assert_eq!(names(&mail).len(), 5);
+    }
+
+    /// The relay writes its next batch while the one before is synced and named: each batch
+    /// ends up whole under its own names, whichever way the file system names them, and the
+    /// later batch stays invisible until its own last step.
+    #[test]
+    fn a_batch_written_while_the_one_before_is_synced_and_named_is_whole_and_apart() {
+        for sync in [DirSync::FileSystem, DirSync::EachFile] {
+            let dir = tempfile::tempdir().unwrap();
+            let mail = dir.path().join("mail");
+            let second: Vec<(String, Vec<u8>)> = (0..5)
+                .map(|i| {
+                    (
+                        format!("next{i}"),
+                        format!("next email {i}\r\n").into_bytes(),
+                    )
+                })
+                .collect();
+            let first = write_unsynced(&mail, &batch(), sync).unwrap();
+            let later = write_unsynced(&mail, &second, sync).unwrap();
+            assert!(first.sync_and_name().iter().all(Result::is_ok), "{sync:?}");
+            // (A file system without unnamed files shows the later batch's temporary names,
+            // `.next0.eml.tmp` and so on, which no reader of `.eml` files takes for an email.)
+            let emails: Vec<String> = names(&mail)
+                .into_iter()
+                .filter(|name| name.ends_with(".eml"))
+                .collect();
+            assert_eq!(
+                emails,
+                (0..5).map(|i| format!("key{i}.eml")).collect::<Vec<_>>(),
+                "{sync:?}: only the first batch is named"
+            );
+            assert!(later.sync_and_name().iter().all(Result::is_ok), "{sync:?}");
+            assert_eq!(names(&mail).len(), 10, "{sync:?}");
+            for i in 0..5 {
+                let text = std::fs::read_to_string(mail.join(format!("next{i}.eml"))).unwrap();
+                assert_eq!(text, format!("next email {i}\r\n"), "{sync:?}");
+            }
+        }
     }
 
     /// A resend after a crash finds its email written: an unnamed file's name exists only once

@@ -82,9 +82,10 @@ pub enum Transport {
     File {
         dir: PathBuf,
         sync: DirSync,
-        /// One batch writes at a time: two at once only contend for the directory's lock
-        /// (measured: a tenth of the relay's CPU spinning on it).
-        writing: tokio::sync::Mutex<()>,
+        /// One batch is synced and named at a time: two namings at once only contend for the
+        /// directory's lock (measured: a tenth of the relay's CPU spinning on it). Writing the
+        /// next batch's unnamed files takes no such lock, and goes on beside it.
+        naming: tokio::sync::Mutex<()>,
         /// The most emails a batch may carry (see [`eml::files_per_batch`]).
         files_per_batch: usize,
     },
@@ -202,7 +203,7 @@ impl Transport {
         Ok(Transport::File {
             dir: config.mail_dir.clone(),
             sync: DirSync::for_dir(&config.mail_dir),
-            writing: tokio::sync::Mutex::new(()),
+            naming: tokio::sync::Mutex::new(()),
             files_per_batch: eml::files_per_batch(),
         })
     }
@@ -233,8 +234,10 @@ impl Transport {
     /// Delivers a relay's batch; the results are in the order of `emails`, each `Ok` only once
     /// the transport confirmed it. SMTP and the HTTP API send the emails concurrently (SMTP
     /// over lettre's pool of connections, the API over one client's), each within `timeout`;
-    /// files are built into messages off the event loop and written as one durable batch. A
-    /// message that cannot be built fails alone.
+    /// files are built into messages and written, still unnamed, off the event loop (beside the
+    /// syncing and naming of the batch before), then synced and named as one durable batch
+    /// (see [`eml`]), each of the two within `timeout`. A message that cannot be built fails
+    /// alone.
     pub async fn send_batch(
         &self,
         emails: Vec<RenderedEmail>,
@@ -245,7 +248,7 @@ impl Transport {
         }
         match self {
             Transport::File {
-                dir, sync, writing, ..
+                dir, sync, naming, ..
             } => {
                 let count = emails.len();
                 let failed = |reason: &str| -> Vec<Result<(), SendError>> {
@@ -253,28 +256,31 @@ impl Transport {
                         .map(|_| Err(SendError::transient(reason)))
                         .collect()
                 };
-                // Building a message costs about as much CPU as writing it: it runs on another
-                // core while the batch before is being written.
-                let built = actix_web::rt::task::spawn_blocking(move || {
-                    let mut messages = Messages::default();
-                    emails
-                        .iter()
-                        .map(|email| Ok((email.idempotency_key.clone(), messages.bytes(email)?)))
-                        .collect::<Vec<Result<(String, Vec<u8>), SendError>>>()
-                });
-                let Ok(built) = built.await else {
-                    return failed("building the messages failed");
-                };
-                let mut files = Vec::with_capacity(built.len());
-                let mut slots = Vec::with_capacity(built.len());
-                for message in built {
-                    slots.push(message.map(|file| files.push(file)));
-                }
+                // Building the messages and writing them into unnamed files costs CPU, and
+                // takes no lock of the directory's: it runs on another core while the batch
+                // before is synced and named, which is mostly a wait for the disk.
                 let (dir, sync) = (dir.clone(), *sync);
-                let _one_at_a_time = writing.lock().await;
-                let write = actix_web::rt::task::spawn_blocking(move || {
-                    eml::write_eml_batch(&dir, &files, sync)
+                let written = actix_web::rt::task::spawn_blocking(move || {
+                    let mut messages = Messages::default();
+                    let mut files = Vec::with_capacity(emails.len());
+                    let slots: Vec<Result<(), SendError>> = emails
+                        .iter()
+                        .map(|email| {
+                            let bytes = messages.bytes(email)?;
+                            files.push((email.idempotency_key.clone(), bytes));
+                            Ok(())
+                        })
+                        .collect();
+                    (slots, eml::write_unsynced(&dir, &files, sync))
                 });
+                let (slots, unsynced) = match tokio::time::timeout(timeout, written).await {
+                    Ok(Ok((slots, Ok(unsynced)))) => (slots, unsynced),
+                    Ok(Ok((_, Err(e)))) => return failed(&e.to_string()),
+                    Ok(Err(_)) => return failed("writing the mail directory failed"),
+                    Err(_) => return (0..count).map(|_| Err(timed_out(timeout))).collect(),
+                };
+                let _one_at_a_time = naming.lock().await;
+                let write = actix_web::rt::task::spawn_blocking(move || unsynced.sync_and_name());
                 let mut written = match tokio::time::timeout(timeout, write).await {
                     Ok(Ok(written)) => written.into_iter(),
                     Ok(Err(_)) => return failed("writing the mail directory failed"),
@@ -548,7 +554,7 @@ mod tests {
         let transport = super::Transport::File {
             dir: mail.clone(),
             sync: DirSync::FileSystem,
-            writing: tokio::sync::Mutex::new(()),
+            naming: tokio::sync::Mutex::new(()),
             files_per_batch: 3,
         };
         let batch = vec![
