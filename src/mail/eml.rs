@@ -11,9 +11,8 @@
 //! The first step takes no lock of the directory's, so the relay writes its next batch while
 //! this one is synced and named (see [`crate::mail::transport::Transport::send_batch`]): the
 //! syncs are waits for the disk, and the CPU then writes the next batch instead of idling.
-//! Measured here with 3 KB files, 200,000 in batches of 4,096: about 21,000 files/s one step
-//! after another, 32,000–36,000 files/s with the writing of a batch beside the naming of the one
-//! before.
+//! Measured here (`cargo bench --bench email`, 20,000 emails in batches of 4,096): 35,874
+//! files/s so, against 27,973 one batch after another.
 //!
 //! Why unnamed files: a name is a directory entry, and in a directory of 200,000 emails the
 //! entries cost more than the data. An unnamed file gets one entry; a temporary name costs three
