@@ -274,18 +274,30 @@ impl Transport {
                     (slots, eml::write_unsynced(&dir, &files, sync))
                 });
                 let (slots, unsynced) = match tokio::time::timeout(timeout, written).await {
-                    Ok(Ok((slots, Ok(unsynced)))) => (slots, unsynced),
-                    Ok(Ok((_, Err(e)))) => return failed(&e.to_string()),
+                    Ok(Ok(written)) => written,
                     Ok(Err(_)) => return failed("writing the mail directory failed"),
                     Err(_) => return (0..count).map(|_| Err(timed_out(timeout))).collect(),
                 };
-                let _one_at_a_time = naming.lock().await;
-                let write = actix_web::rt::task::spawn_blocking(move || unsynced.sync_and_name());
-                let mut written = match tokio::time::timeout(timeout, write).await {
-                    Ok(Ok(written)) => written.into_iter(),
-                    Ok(Err(_)) => return failed("writing the mail directory failed"),
-                    Err(_) => return (0..count).map(|_| Err(timed_out(timeout))).collect(),
+                let written = match unsynced {
+                    Ok(unsynced) => {
+                        let _one_at_a_time = naming.lock().await;
+                        let named =
+                            actix_web::rt::task::spawn_blocking(move || unsynced.sync_and_name());
+                        match tokio::time::timeout(timeout, named).await {
+                            Ok(Ok(written)) => written,
+                            Ok(Err(_)) => return failed("writing the mail directory failed"),
+                            Err(_) => return (0..count).map(|_| Err(timed_out(timeout))).collect(),
+                        }
+                    }
+                    // Nothing was written (the directory could not be made or opened): each
+                    // message that was built fails with that, one that was not keeps its reason.
+                    Err(error) => slots
+                        .iter()
+                        .filter(|slot| slot.is_ok())
+                        .map(|_| Err(error.clone()))
+                        .collect(),
                 };
+                let mut written = written.into_iter();
                 slots
                     .into_iter()
                     .map(|slot| {
@@ -572,5 +584,34 @@ mod tests {
         assert_eq!(names(&mail), ["good0.eml", "good1.eml"]);
         let text = std::fs::read_to_string(mail.join("good1.eml")).unwrap();
         assert!(text.contains("To: b@example.com"), "{text}");
+    }
+
+    /// A mail directory that cannot be made fails the batch's built messages for a retry,
+    /// saying why, and a message that could not be built keeps its own, permanent, reason.
+    #[test]
+    fn a_mail_directory_that_cannot_be_made_fails_the_batch_for_a_retry_and_keeps_each_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, b"").unwrap();
+        let transport = super::Transport::File {
+            dir: not_a_dir.join("mail"),
+            sync: DirSync::FileSystem,
+            naming: tokio::sync::Mutex::new(()),
+            files_per_batch: 3,
+        };
+        let batch = vec![
+            email("good0", "a@example.com"),
+            email("bad", "not an address"),
+        ];
+        let results = actix_web::rt::System::new()
+            .block_on(transport.send_batch(batch, std::time::Duration::from_secs(30)));
+        assert!(
+            matches!(&results[0], Err(super::SendError::Transient { reason, .. }) if reason.contains("creating it in the mail directory")),
+            "{results:?}"
+        );
+        assert!(
+            matches!(&results[1], Err(super::SendError::Permanent(reason)) if reason.contains("recipient address")),
+            "{results:?}"
+        );
     }
 }
