@@ -12,6 +12,10 @@
 //! Needs `/dev/fuse` and root or `fusermount3`. A cut models a machine losing power, which also
 //! kills every process using the files: in-process, the tests close their files and connections
 //! before cutting; the `sekali serve` tests kill the server with SIGKILL first.
+//!
+//! The binary has its own `main` (`harness = false`, the tests run by libtest-mimic, with
+//! libtest's flags): started with `SEKALI_LOSSYFS_SERVE` set, it is the filesystem's server
+//! process instead (see `powercut/lossyfs.rs`).
 
 #[path = "powercut/lossyfs.rs"]
 mod lossyfs;
@@ -27,8 +31,47 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use lossyfs::{is_mounted, CutReport, LossyMount};
+
+fn main() -> std::process::ExitCode {
+    if let Some(mount_point) = std::env::var_os(lossyfs::SERVE_ENV) {
+        return match lossyfs::serve(Path::new(&mount_point)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!(
+                    "lossyfs: serving {}: {e}",
+                    Path::new(&mount_point).display()
+                );
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
+    let tests = [
+        trial!(unsynced_writes_and_truncates_are_undone_at_a_cut_and_synced_bytes_survive),
+        trial!(a_name_is_durable_only_once_its_directory_is_synced),
+        trial!(with_synchronous_full_every_acknowledged_commit_survives_a_cut),
+        trial!(with_synchronous_normal_acknowledged_commits_are_lost_at_a_cut),
+        trial!(sekalis_writer_connection_keeps_every_acknowledged_commit),
+        trial!(in_rollback_journal_mode_only_synchronous_extra_keeps_a_commit),
+        trial!(a_test_that_panics_leaves_no_mount_behind),
+        trial!(power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is_whole),
+        trial!(power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted),
+        trial!(a_backup_reported_done_survives_a_power_cut_whole),
+    ];
+    libtest_mimic::run(&libtest_mimic::Arguments::from_args(), tests.into()).exit_code()
+}
+
+/// A test for libtest-mimic, named after its function; a panic fails it, as under libtest.
+macro_rules! trial {
+    ($test:ident) => {
+        libtest_mimic::Trial::test(stringify!($test), || {
+            $test();
+            Ok(())
+        })
+    };
+}
 use rusqlite::config::DbConfig;
 use rusqlite::Connection;
+use trial;
 
 /// `fsync(2)` on a directory: makes its current entries durable.
 fn sync_dir(dir: &Path) {
@@ -42,7 +85,6 @@ fn write_synced(path: &Path, bytes: &[u8]) {
     file.sync_all().unwrap();
 }
 
-#[test]
 fn unsynced_writes_and_truncates_are_undone_at_a_cut_and_synced_bytes_survive() {
     let mount = LossyMount::new().unwrap();
     let (log, kept) = (mount.path().join("log"), mount.path().join("kept"));
@@ -85,7 +127,6 @@ fn unsynced_writes_and_truncates_are_undone_at_a_cut_and_synced_bytes_survive() 
     assert_eq!(calls, (3, 2, 1), "{counters:?}");
 }
 
-#[test]
 fn a_name_is_durable_only_once_its_directory_is_synced() {
     let mount = LossyMount::new().unwrap();
     let dir = mount.path();
@@ -217,7 +258,6 @@ fn commit_then_cut(synchronous: &str) -> (i64, i64) {
     (acknowledged, found)
 }
 
-#[test]
 fn with_synchronous_full_every_acknowledged_commit_survives_a_cut() {
     let (acknowledged, found) = commit_then_cut("FULL");
     assert_eq!(acknowledged, COMMITS * ROWS_PER_COMMIT);
@@ -226,7 +266,6 @@ fn with_synchronous_full_every_acknowledged_commit_survives_a_cut() {
 
 /// The control: the harness must catch a setting that acknowledges commits before they are
 /// durable. With `synchronous=NORMAL` in WAL mode, SQLite syncs the WAL only at checkpoints.
-#[test]
 fn with_synchronous_normal_acknowledged_commits_are_lost_at_a_cut() {
     let (acknowledged, found) = commit_then_cut("NORMAL");
     assert!(
@@ -240,7 +279,6 @@ fn with_synchronous_normal_acknowledged_commits_are_lost_at_a_cut() {
 /// every acknowledged commit. It syncs the directory after creating the database (SQLite's own
 /// sync of the directory after creating the WAL would make the name durable at the first commit;
 /// sekali does not count on it).
-#[test]
 fn sekalis_writer_connection_keeps_every_acknowledged_commit() {
     let mount = LossyMount::new().unwrap();
     let db = mount.path().join("sekali.db");
@@ -264,7 +302,6 @@ fn sekalis_writer_connection_keeps_every_acknowledged_commit() {
 /// the strict model that unlink is durable only once the directory is synced, which
 /// `synchronous=EXTRA` does and `FULL` does not: after a cut the journal is back, hot, and SQLite
 /// rolls the acknowledged commit back. (ext4 usually keeps the unlink; POSIX does not promise it.)
-#[test]
 fn in_rollback_journal_mode_only_synchronous_extra_keeps_a_commit() {
     for (synchronous, kept) in [("FULL", false), ("EXTRA", true)] {
         let mount = LossyMount::new().unwrap();
@@ -289,7 +326,6 @@ fn in_rollback_journal_mode_only_synchronous_extra_keeps_a_commit() {
 /// `LossyMount` (after the file declared after it), which unmounts. A file still open from
 /// elsewhere does not keep the mount point busy: the mount is detached lazily and that file
 /// is served until it is closed. (The panic message in the output is expected.)
-#[test]
 fn a_test_that_panics_leaves_no_mount_behind() {
     let (send, receive) = mpsc::channel::<(PathBuf, File)>();
     let outcome = std::thread::spawn(move || {
@@ -977,7 +1013,6 @@ mod serve {
 /// each after a SIGKILL, and a restart on the same files after each. Fails too on a writer that
 /// answers before its commit is durable (`synchronous=NORMAL`): after a cut, before the
 /// restart, acknowledged deliveries and orders are missing (see `serve::load_with_cuts`).
-#[test]
 fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is_whole() {
     use serve::*;
     use std::sync::{Arc, Mutex};
@@ -1141,7 +1176,6 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
 /// Message-ID), but only those: a message is accepted at most once, plus once for each cut
 /// after which its row was found pending under the killed relay's lease. No acknowledged
 /// delivery is lost, as in the test above.
-#[test]
 fn power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted() {
     use serve::*;
     use std::io::BufRead;
@@ -1273,7 +1307,6 @@ fn power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted()
 /// writes to it afterwards (the integrity check only reads), so that later sync finds nothing
 /// unsynced. It is there so as not to depend on how SQLite commits; under this model it is
 /// redundant.
-#[test]
 fn a_backup_reported_done_survives_a_power_cut_whole() {
     use serve::*;
     use std::process::Command;

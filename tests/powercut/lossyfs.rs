@@ -54,21 +54,34 @@
 //! `forget` for those after the cut: they are answered without complaint. Declare the
 //! [`LossyMount`] before what uses it, so that it is dropped after them, also on a panic.
 //!
+//! # A process of its own
+//!
+//! The filesystem is served by a child process ([`serve`], the test binary started again with
+//! [`SERVE_ENV`] set), never by the test process. A FUSE server must not be a client of its own
+//! mount: the tests' SQLite connections map their WAL index (`-shm`) from files on the mount,
+//! and when such a mapping goes (`munmap`, with the process's memory map locked for writing),
+//! the kernel writes its dirty pages back and waits for the server (`fuse_vma_close`); a server
+//! thread in the same process that then needs the memory map's lock (to fault in its buffer)
+//! waits for ever. Seen once as a power-cut suite that stopped after its first test, with `ps`
+//! hanging on the process. The test speaks to the server over the child's standard input and
+//! output, one line each way per request ([`LossyMount::cut`], [`LossyMount::counters`]).
+//!
 //! fuser's one session thread serves every request; the state is behind a [`Mutex`] shared with
-//! the test through an [`Arc`], and a poisoned lock is taken over, not propagated.
+//! the request loop through an [`Arc`], and a poisoned lock is taken over, not propagated.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
-use std::io;
+use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    AccessFlags, BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem,
-    FopenFlags, Generation, INodeNo, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    SessionACL, TimeOrNow, WriteFlags,
 };
 
 /// Time the kernel may cache an entry or attributes: none, see the module documentation.
@@ -76,7 +89,7 @@ const TTL: Duration = Duration::ZERO;
 const ROOT: u64 = INodeNo::ROOT.0;
 
 /// What one power cut threw away.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CutReport {
     /// Files (still reachable after the cut) whose current bytes differed from their durable
     /// bytes.
@@ -93,7 +106,7 @@ pub struct CutReport {
 }
 
 /// Requests served since the mount.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Counters {
     /// `WRITE` requests.
     pub writes: u64,
@@ -103,7 +116,7 @@ pub struct Counters {
     pub fsyncdirs: u64,
     /// Requests by FUSE operation (`"write"`, `"getattr"`, `"flush"`...), for the operations
     /// implemented here (not `forget`, `opendir`, `release`, `releasedir`).
-    pub ops: BTreeMap<&'static str, u64>,
+    pub ops: BTreeMap<String, u64>,
 }
 
 /// A value as reads see it now, and as it would be after a power cut.
@@ -450,7 +463,7 @@ fn reply_empty(reply: ReplyEmpty, result: Result<()>) {
     }
 }
 
-/// The [`Filesystem`] fuser serves; `LossyMount` keeps a second handle on the state.
+/// The [`Filesystem`] fuser serves; [`serve`] keeps a second handle on the state.
 struct LossyFs(Arc<Mutex<State>>);
 
 impl LossyFs {
@@ -681,72 +694,115 @@ impl Filesystem for LossyFs {
     }
 }
 
-/// A [`LossyFs`] mounted on a fresh temporary directory, served by a background thread.
+/// Set (to the mount point) in the environment of the test binary started as the server.
+pub const SERVE_ENV: &str = "SEKALI_LOSSYFS_SERVE";
+
+/// The server process: mounts an empty [`LossyFs`] on `mount_point`, says `ready` on standard
+/// output, then answers one line per request read from standard input (`cut`: the
+/// [`CutReport`], `counters`: the [`Counters`], as JSON) until standard input closes, which is
+/// when the test drops its [`LossyMount`] or dies. It then detaches the mount lazily and goes on
+/// serving the files still open on it until the last is closed and the kernel lets go.
+///
+/// It mounts with `auto_unmount` first: `fusermount3` then waits beside this process and
+/// unmounts if it dies (`SIGKILL`, abort) instead of leaving a dead mount ("Transport endpoint
+/// is not connected") behind. fuser allows that only with `allow_other`, and then serves the
+/// owner and root only. Without `fusermount3`, it mounts directly (as root), without
+/// `auto_unmount`.
+pub fn serve(mount_point: &Path) -> io::Result<()> {
+    let state = Arc::new(Mutex::new(State::new()));
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("sekali-lossyfs".into()),
+        MountOption::Subtype("lossyfs".into()),
+    ];
+    let mut auto_unmount = config.clone();
+    auto_unmount.mount_options.push(MountOption::AutoUnmount);
+    auto_unmount.acl = SessionACL::RootAndOwner;
+    let session = fuser::spawn_mount(LossyFs(state.clone()), mount_point, &auto_unmount)
+        .or_else(|_| fuser::spawn_mount(LossyFs(state.clone()), mount_point, &config))?;
+    let lock = || state.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut out = io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    for request in io::stdin().lock().lines() {
+        let answer = match request?.as_str() {
+            "cut" => serde_json::to_string(&lock().cut()),
+            "counters" => {
+                let ops: BTreeMap<String, u64> = lock()
+                    .ops
+                    .iter()
+                    .map(|(op, n)| (op.to_string(), *n))
+                    .collect();
+                let count = |op| ops.get(op).copied().unwrap_or(0);
+                serde_json::to_string(&Counters {
+                    writes: count("write"),
+                    fsyncs: count("fsync"),
+                    fsyncdirs: count("fsyncdir"),
+                    ops,
+                })
+            }
+            other => panic!("lossyfs: an unknown request: {other:?}"),
+        };
+        writeln!(out, "{}", answer.expect("a report serializes"))?;
+        out.flush()?;
+    }
+    // The test is done with the mount. Detached lazily, it leaves /proc/mounts at once, and the
+    // session thread ends once the last file on it is closed.
+    detach(mount_point);
+    session.join()
+}
+
+/// Detaches the mount at `path` lazily: directly as root, through `fusermount3` otherwise.
+fn detach(path: &Path) {
+    if rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH).is_err() {
+        let _ = Command::new("fusermount3").arg("-uz").arg(path).status();
+    }
+}
+
+/// A [`LossyFs`] mounted on a fresh temporary directory, served by a child process (see the
+/// module's documentation).
 ///
 /// Dropping it unmounts the filesystem (also when a test panics: unwinding drops it) and
 /// removes the directory. Declare it before the files and connections that use it, so that
 /// they are closed first; if something still has a file open on it, the mount is detached
 /// lazily (`MNT_DETACH`) and that file goes on being served until it is closed.
 pub struct LossyMount {
-    state: Arc<Mutex<State>>,
-    session: Option<BackgroundSession>,
+    server: Child,
+    /// The server's input and output; closing its input tells the server to unmount.
+    channel: Mutex<Option<(ChildStdin, io::BufReader<ChildStdout>)>>,
     /// The mount point, canonical, as `/proc/mounts` shows it.
     path: PathBuf,
     /// Removed after the unmount (fields drop after `Drop::drop`).
     _dir: tempfile::TempDir,
 }
 
-/// Keeps every page of this process resident (`mlockall`), so that the file system it serves
-/// cannot deadlock with its own clients. The server runs in the test process, and so do the
-/// tests' own SQLite connections to databases on the mount, whose WAL index (`-shm`) is a shared
-/// mapping of a file served here. When such a mapping goes (`munmap`, with the process's memory
-/// map locked for writing), the kernel writes its dirty pages back and waits for this server
-/// (`fuse_vma_close`). The server thread then copies the write into its buffer, pinning the
-/// buffer's pages; when they are not resident, pinning them takes the same lock, and both wait
-/// for ever. Seen as a power-cut suite that stopped after its first test, with `ps` hanging on
-/// the process: threads in `munmap` → `write_inode_now` and in `fuse_dev_do_read` →
-/// `__gup_longterm_locked`. Resident pages are pinned without the lock. Every mapping made after
-/// this call is filled in when it is made, so the server's buffers and stacks are resident
-/// from their start. Where the call is refused (an unprivileged user's lock limit), the tests
-/// run as before, with that rare deadlock possible.
-fn keep_this_process_resident() {
-    use rustix::mm::{mlockall, MlockAllFlags};
-    static LOCKED: std::sync::Once = std::sync::Once::new();
-    LOCKED.call_once(|| {
-        if let Err(e) = mlockall(MlockAllFlags::CURRENT | MlockAllFlags::FUTURE) {
-            eprintln!("lossyfs: mlockall failed ({e}); the mount may deadlock with this process's own mappings of it");
-        }
-    });
-}
-
 impl LossyMount {
-    /// Mounts an empty filesystem named `sekali-lossyfs` (type `fuse.lossyfs`). Needs
-    /// `/dev/fuse`, and root or the `fusermount3` helper (Debian's `fuse3`).
-    ///
-    /// It asks `fusermount3` for `auto_unmount` first: `fusermount3` then waits beside the test
-    /// process and unmounts if it dies without dropping the mount (`SIGKILL`, abort, timeout),
-    /// instead of leaving a dead mount ("Transport endpoint is not connected") behind. fuser
-    /// allows that only with `allow_other`, and then serves the owner and root only. Without
-    /// `fusermount3`, it mounts directly (as root), without `auto_unmount`.
+    /// Mounts an empty filesystem named `sekali-lossyfs` (type `fuse.lossyfs`), served by a
+    /// child process (see [`serve`]). Needs `/dev/fuse`, and root or the `fusermount3` helper
+    /// (Debian's `fuse3`).
     pub fn new() -> io::Result<Self> {
-        keep_this_process_resident();
         let dir = tempfile::Builder::new().prefix("lossyfs-").tempdir()?;
         let path = dir.path().canonicalize()?;
-        let state = Arc::new(Mutex::new(State::new()));
-        let mut config = Config::default();
-        config.mount_options = vec![
-            MountOption::FSName("sekali-lossyfs".into()),
-            MountOption::Subtype("lossyfs".into()),
-        ];
-        let mut auto_unmount = config.clone();
-        auto_unmount.mount_options.push(MountOption::AutoUnmount);
-        auto_unmount.acl = SessionACL::RootAndOwner;
-        let session = fuser::spawn_mount(LossyFs(state.clone()), &path, &auto_unmount)
-            .or_else(|_| fuser::spawn_mount(LossyFs(state.clone()), &path, &config))?;
-        let session = Some(session);
+        let mut server = Command::new(std::env::current_exe()?)
+            .env(SERVE_ENV, &path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let requests = server.stdin.take().expect("piped");
+        let mut answers = io::BufReader::new(server.stdout.take().expect("piped"));
+        let mut ready = String::new();
+        answers.read_line(&mut ready)?;
+        if ready.trim_end() != "ready" {
+            let _ = server.kill();
+            let _ = server.wait();
+            return Err(io::Error::other(format!(
+                "the lossyfs server did not mount {} (its error is above)",
+                path.display()
+            )));
+        }
         Ok(LossyMount {
-            state,
-            session,
+            server,
+            channel: Mutex::new(Some((requests, answers))),
             path,
             _dir: dir,
         })
@@ -762,39 +818,50 @@ impl LossyMount {
     /// become its durable bytes. Call it only once every process using the mount is dead (or,
     /// in-process, every file on it is closed): see the module documentation.
     pub fn cut(&self) -> CutReport {
-        self.state().cut()
+        self.ask("cut")
     }
 
     /// Requests served so far.
     pub fn counters(&self) -> Counters {
-        let ops = self.state().ops.clone();
-        let count = |op| ops.get(op).copied().unwrap_or(0);
-        let (writes, fsyncs, fsyncdirs) = (count("write"), count("fsync"), count("fsyncdir"));
-        Counters {
-            writes,
-            fsyncs,
-            fsyncdirs,
-            ops,
-        }
+        self.ask("counters")
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn ask<T: serde::de::DeserializeOwned>(&self, request: &str) -> T {
+        let mut channel = self.channel.lock().unwrap_or_else(PoisonError::into_inner);
+        let (requests, answers) = channel.as_mut().expect("open until the drop");
+        writeln!(requests, "{request}").expect("the lossyfs server takes requests");
+        requests.flush().expect("the lossyfs server takes requests");
+        let mut answer = String::new();
+        answers
+            .read_line(&mut answer)
+            .expect("the lossyfs server answers");
+        serde_json::from_str(&answer)
+            .unwrap_or_else(|e| panic!("the lossyfs server's answer {answer:?}: {e}"))
     }
 }
 
 impl Drop for LossyMount {
     fn drop(&mut self) {
-        // Dropping the session unmounts. With auto_unmount, `fusermount3` detaches the mount
-        // lazily when told; without, fuser's umount(2) fails with EBUSY while a file is open on
-        // the mount, and the lazy detach is done here. The session thread is not joined: it ends
-        // when the kernel disconnects, after the last file open on a detached mount is closed.
-        drop(self.session.take());
+        // Closing its input tells the server to detach the mount. It lives on while files on
+        // the detached mount are open, serving them; it is reaped here if it has ended by the
+        // time the mount is gone, and otherwise (a file still open) by nobody: it exits when that
+        // file is closed, and is cleared up with this process.
+        drop(
+            self.channel
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
         let start = Instant::now();
         while is_mounted(&self.path) && start.elapsed() < Duration::from_secs(5) {
-            if start.elapsed() > Duration::from_millis(200) {
-                // A failure leaves the mount as it is.
-                let _ = rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::DETACH);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if is_mounted(&self.path) {
+            detach(&self.path);
+        }
+        while start.elapsed() < Duration::from_millis(500) {
+            if let Ok(Some(_)) = self.server.try_wait() {
+                break;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
