@@ -557,25 +557,33 @@ mod tests {
         }
     }
 
+    /// Sends `batch` through the file transport into `mail`.
+    fn send_files(
+        mail: &std::path::Path,
+        batch: Vec<crate::mail::RenderedEmail>,
+    ) -> Vec<Result<(), super::SendError>> {
+        let transport = super::Transport::File {
+            dir: mail.to_owned(),
+            sync: DirSync::FileSystem,
+            naming: tokio::sync::Mutex::new(()),
+            files_per_batch: 3,
+        };
+        actix_web::rt::System::new()
+            .block_on(transport.send_batch(batch, std::time::Duration::from_secs(30)))
+    }
+
     /// A message that cannot be built fails alone, permanently; the rest of its batch is
     /// written as usual.
     #[test]
     fn a_message_that_cannot_be_built_fails_alone_and_its_batch_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let mail = dir.path().join("mail");
-        let transport = super::Transport::File {
-            dir: mail.clone(),
-            sync: DirSync::FileSystem,
-            naming: tokio::sync::Mutex::new(()),
-            files_per_batch: 3,
-        };
         let batch = vec![
             email("good0", "a@example.com"),
             email("bad", "not an address"),
             email("good1", "b@example.com"),
         ];
-        let results = actix_web::rt::System::new()
-            .block_on(transport.send_batch(batch, std::time::Duration::from_secs(30)));
+        let results = send_files(&mail, batch);
         assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
         assert!(
             matches!(&results[1], Err(super::SendError::Permanent(reason)) if reason.contains("recipient address")),
@@ -593,18 +601,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let not_a_dir = dir.path().join("file");
         std::fs::write(&not_a_dir, b"").unwrap();
-        let transport = super::Transport::File {
-            dir: not_a_dir.join("mail"),
-            sync: DirSync::FileSystem,
-            naming: tokio::sync::Mutex::new(()),
-            files_per_batch: 3,
-        };
         let batch = vec![
             email("good0", "a@example.com"),
             email("bad", "not an address"),
         ];
-        let results = actix_web::rt::System::new()
-            .block_on(transport.send_batch(batch, std::time::Duration::from_secs(30)));
+        let results = send_files(&not_a_dir.join("mail"), batch);
         assert!(
             matches!(&results[0], Err(super::SendError::Transient { reason, .. }) if reason.contains("creating it in the mail directory")),
             "{results:?}"
