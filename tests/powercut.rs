@@ -31,6 +31,18 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use lossyfs::{is_mounted, CutReport, LossyMount};
+use rusqlite::config::DbConfig;
+use rusqlite::Connection;
+
+/// A test for libtest-mimic, named after its function; a panic fails it, as under libtest.
+macro_rules! trial {
+    ($test:ident) => {
+        libtest_mimic::Trial::test(stringify!($test), || {
+            $test();
+            Ok(())
+        })
+    };
+}
 
 fn main() -> std::process::ExitCode {
     if let Some(mount_point) = std::env::var_os(lossyfs::SERVE_ENV) {
@@ -59,19 +71,6 @@ fn main() -> std::process::ExitCode {
     ];
     libtest_mimic::run(&libtest_mimic::Arguments::from_args(), tests.into()).exit_code()
 }
-
-/// A test for libtest-mimic, named after its function; a panic fails it, as under libtest.
-macro_rules! trial {
-    ($test:ident) => {
-        libtest_mimic::Trial::test(stringify!($test), || {
-            $test();
-            Ok(())
-        })
-    };
-}
-use rusqlite::config::DbConfig;
-use rusqlite::Connection;
-use trial;
 
 /// `fsync(2)` on a directory: makes its current entries durable.
 fn sync_dir(dir: &Path) {

@@ -251,16 +251,11 @@ impl Transport {
                 dir, sync, naming, ..
             } => {
                 let count = emails.len();
-                let failed = |reason: &str| -> Vec<Result<(), SendError>> {
-                    (0..count)
-                        .map(|_| Err(SendError::transient(reason)))
-                        .collect()
-                };
                 // Building the messages and writing them into unnamed files costs CPU, and
-                // takes no lock of the directory's: it runs on another core while the batch
-                // before is synced and named, which is mostly a wait for the disk.
+                // takes no lock of the directory's (`O_TMPFILE`): it runs on another core while
+                // the batch before is synced and named, which is mostly a wait for the disk.
                 let (dir, sync) = (dir.clone(), *sync);
-                let written = actix_web::rt::task::spawn_blocking(move || {
+                let written = blocking_within(timeout, move || {
                     let mut messages = Messages::default();
                     let mut files = Vec::with_capacity(emails.len());
                     let slots: Vec<Result<(), SendError>> = emails
@@ -273,29 +268,23 @@ impl Transport {
                         .collect();
                     (slots, eml::write_unsynced(&dir, &files, sync))
                 });
-                let (slots, unsynced) = match tokio::time::timeout(timeout, written).await {
-                    Ok(Ok(written)) => written,
-                    Ok(Err(_)) => return failed("writing the mail directory failed"),
-                    Err(_) => return (0..count).map(|_| Err(timed_out(timeout))).collect(),
+                let (slots, unsynced) = match written.await {
+                    Ok(written) => written,
+                    Err(error) => return vec![Err(error); count],
                 };
                 let written = match unsynced {
                     Ok(unsynced) => {
                         let _one_at_a_time = naming.lock().await;
-                        let named =
-                            actix_web::rt::task::spawn_blocking(move || unsynced.sync_and_name());
-                        match tokio::time::timeout(timeout, named).await {
-                            Ok(Ok(written)) => written,
-                            Ok(Err(_)) => return failed("writing the mail directory failed"),
-                            Err(_) => return (0..count).map(|_| Err(timed_out(timeout))).collect(),
+                        match blocking_within(timeout, move || unsynced.sync_and_name()).await {
+                            Ok(written) => written,
+                            Err(error) => return vec![Err(error); count],
                         }
                     }
                     // Nothing was written (the directory could not be made or opened): each
                     // message that was built fails with that, one that was not keeps its reason.
-                    Err(error) => slots
-                        .iter()
-                        .filter(|slot| slot.is_ok())
-                        .map(|_| Err(error.clone()))
-                        .collect(),
+                    Err(error) => {
+                        vec![Err(error); slots.iter().filter(|slot| slot.is_ok()).count()]
+                    }
                 };
                 let mut written = written.into_iter();
                 slots
@@ -359,6 +348,19 @@ impl Transport {
 
     pub fn is_http(&self) -> bool {
         matches!(self, Transport::Http { .. })
+    }
+}
+
+/// Runs `work` on a blocking thread, off the event loop, within `timeout`. `Err`: why it gave
+/// no answer, which is every email's of the batch.
+async fn blocking_within<T: Send + 'static>(
+    timeout: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, SendError> {
+    match tokio::time::timeout(timeout, actix_web::rt::task::spawn_blocking(work)).await {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(_)) => Err(SendError::transient("writing the mail directory failed")),
+        Err(_) => Err(timed_out(timeout)),
     }
 }
 

@@ -859,7 +859,8 @@ impl Drop for LossyMount {
         if is_mounted(&self.path) {
             detach(&self.path);
         }
-        while start.elapsed() < Duration::from_millis(500) {
+        let unmounted = Instant::now();
+        while unmounted.elapsed() < Duration::from_millis(500) {
             if let Ok(Some(_)) = self.server.try_wait() {
                 break;
             }
