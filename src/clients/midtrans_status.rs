@@ -1,5 +1,6 @@
-//! Midtrans's status API, which confirms a notification: `GET {base}/v2/{order_id}/status` with
-//! the server key as Basic auth user, as Midtrans's own libraries ask it. What the answer means
+//! Midtrans's status API, which confirms a notification: `GET {base}/v2/{id}/status` with the
+//! server key as Basic auth user, as Midtrans's own libraries ask it. `{id}` is a
+//! `transaction_id` or an `order_id`; the API accepts either. What the answer means
 //! is decided by `providers::midtrans::Notification::confirmed_by`.
 
 use std::time::Duration;
@@ -45,13 +46,14 @@ impl StatusApi {
         }
     }
 
-    /// The status answer's body for `order_id` (the notification's, which its signature
-    /// covers). An HTTP error status with a body is passed on as an answer, because Midtrans
-    /// puts its own code inside the body (`"status_code": "404"`) and not always in the HTTP
-    /// status; a server error or no answer at all is [`StatusApiError`].
-    pub async fn fetch(&self, order_id: &str) -> Result<Vec<u8>, StatusApiError> {
-        // Everything but RFC 3986's unreserved characters is encoded, so the order id is one
-        // path segment whatever it holds (`#`, `/`, `?`), and a plain id is sent as it is.
+    /// The status answer's body for `id`: a `transaction_id`, whose answer is that transaction's
+    /// status, or an `order_id`, whose answer is the order's latest transaction. An HTTP error
+    /// status with a body is passed on as an answer, because Midtrans puts its own code inside
+    /// the body (`"status_code": "404"`) and not always in the HTTP status; a server error or no
+    /// answer at all is [`StatusApiError`].
+    pub async fn fetch(&self, id: &str) -> Result<Vec<u8>, StatusApiError> {
+        // Everything but RFC 3986's unreserved characters is encoded, so the id is one path
+        // segment whatever it holds (`#`, `/`, `?`), and a plain id is sent as it is.
         const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
             .remove(b'-')
             .remove(b'_')
@@ -60,7 +62,7 @@ impl StatusApi {
         let url = format!(
             "{}/v2/{}/status",
             self.base_url.trim_end_matches('/'),
-            percent_encoding::utf8_percent_encode(order_id, SEGMENT)
+            percent_encoding::utf8_percent_encode(id, SEGMENT)
         );
         let unreachable = |reason: String| StatusApiError::Unreachable {
             base_url: self.base_url.clone(),

@@ -12,8 +12,9 @@
 //!   challenge; 202 for deny, cancel, expire and failure), so a status cannot borrow the
 //!   signature of a notification of another class ([`check_status_code`]);
 //! - within a class (a forged `refund` carrying a settlement's signature), only Midtrans's status
-//!   API can tell: sekali asks it, as Midtrans's own libraries do, and applies what it reports
-//!   ([`Notification::confirmed_by`]; the request is made by `clients::midtrans_status`).
+//!   API can tell: sekali asks it, as Midtrans's own libraries do, about the notification's
+//!   transaction (by `transaction_id`; by `order_id` when it names none), and applies what it
+//!   reports ([`Notification::confirmed_by`]; the request is made by `clients::midtrans_status`).
 //!
 //! Midtrans sends no event id. sekali derives one that is the same for every retry of one
 //! notification and differs between distinct status changes: the parts
@@ -189,10 +190,18 @@ impl Provider for Midtrans {
                 let not_confirmed = |e: &dyn std::fmt::Display| {
                     Rejection::not_confirmed(format!("not confirmed by Midtrans's status API: {e}"))
                 };
-                let answer = api
-                    .fetch(&notification.order_id)
-                    .await
-                    .map_err(|e| not_confirmed(&e))?;
+                // Asked by the transaction the notification is about: asked by the order id,
+                // the API reports the order's latest transaction, so a late deny of an earlier
+                // attempt (a card declined before the transfer that paid) would never be
+                // confirmed, and Midtrans would be answered 503 until it gave up. The
+                // transaction id is not signed; an answer about another order confirms nothing
+                // (`confirmed_by`), and one about another attempt of this order is that
+                // attempt's status, which is what gets applied.
+                let id = notification
+                    .transaction_id()
+                    .unwrap_or(&notification.order_id)
+                    .to_owned();
+                let answer = api.fetch(&id).await.map_err(|e| not_confirmed(&e))?;
                 notification = notification
                     .confirmed_by(&answer)
                     .map_err(|e| not_confirmed(&e))?;
@@ -567,7 +576,8 @@ impl Notification {
     }
 
     /// This notification as Midtrans's status API reports the transaction now (`answer`, the
-    /// body of `GET /v2/{order_id}/status`): its transaction, status, fraud status, amount,
+    /// body of `GET /v2/{transaction_id}/status`, or of `/v2/{order_id}/status` for a
+    /// notification that names no transaction): its transaction, status, fraud status, amount,
     /// currency and refunds replace the notification's, which the signature does not cover (so a
     /// deny is for the transaction the API says was denied, whatever `transaction_id` the
     /// notification names). The status code

@@ -1,6 +1,7 @@
 //! The confirmation of Midtrans notifications by Midtrans's status API, against a stand-in of
-//! that API: an HTTP server on a free loopback port serving `GET /v2/{order_id}/status` the way
-//! Midtrans documents it (Basic auth with the server key as user and an empty password; the
+//! that API: an HTTP server on a free loopback port serving `GET /v2/{id}/status` (a
+//! `transaction_id`, or an `order_id` for the order's latest transaction) the way Midtrans
+//! documents it (Basic auth with the server key as user and an empty password; the
 //! documented 401 body for any other key; the documented 404 body for an unknown transaction,
 //! under HTTP 200 as Midtrans's OpenAPI lists it or under HTTP 404), answering for each order
 //! what the test says Midtrans reports now, and recording every request it gets.
@@ -46,7 +47,9 @@ struct Seen {
     method: String,
     /// The path as sent (percent-encoded).
     path: String,
-    /// The order id the path names, percent-decoded.
+    /// The id the path names, percent-decoded: a transaction id or an order id.
+    id: String,
+    /// The order that id is of (the id itself when the stand-in knows no such transaction).
     order_id: String,
     authorization: Option<String>,
     accept: Option<String>,
@@ -65,7 +68,8 @@ struct Fault {
 
 /// What the stand-in knows.
 struct Midtrans {
-    /// What Midtrans reports now for each order: the body of `GET /v2/{order_id}/status`.
+    /// What Midtrans reports now, by the id it is asked with: for each order its latest
+    /// transaction, and for each transaction its own status (the body of `GET /v2/{id}/status`).
     reports: HashMap<String, Value>,
     /// The server key it accepts as Basic auth user.
     accepted_key: String,
@@ -142,12 +146,27 @@ impl StandIn {
         self.reports_value(order_id, answer);
     }
 
+    /// From now on Midtrans reports `answer` for `order_id` (its latest transaction) and for the
+    /// transaction the answer names.
     fn reports_value(&self, order_id: &str, answer: Value) {
+        let mut midtrans = self.state.lock().unwrap();
+        if let Some(transaction) = answer["transaction_id"].as_str() {
+            midtrans
+                .reports
+                .insert(transaction.to_owned(), answer.clone());
+        }
+        midtrans.reports.insert(order_id.to_owned(), answer);
+    }
+
+    /// From now on Midtrans reports `answer` for the transaction it names only: an earlier
+    /// attempt of an order whose latest transaction is another.
+    fn reports_transaction(&self, answer: Value) {
+        let transaction = answer["transaction_id"].as_str().unwrap().to_owned();
         self.state
             .lock()
             .unwrap()
             .reports
-            .insert(order_id.to_owned(), answer);
+            .insert(transaction, answer);
     }
 
     /// Accepts only `key` (another environment's server key) from now on.
@@ -168,11 +187,11 @@ impl StandIn {
         self.state.lock().unwrap().seen.clone()
     }
 
-    /// How many requests asked about `order_id`.
-    fn asked_about(&self, order_id: &str) -> usize {
+    /// How many requests asked about `id`: by that id, or by a transaction of that order.
+    fn asked_about(&self, id: &str) -> usize {
         self.seen()
             .iter()
-            .filter(|s| s.order_id == order_id)
+            .filter(|s| s.id == id || s.order_id == id)
             .count()
     }
 }
@@ -192,7 +211,7 @@ async fn transaction_status(req: HttpRequest, state: web::Data<Mutex<Midtrans>>)
         .strip_prefix("/v2/")
         .and_then(|p| p.strip_suffix("/status"))
         .unwrap_or_default();
-    let order_id = percent_encoding::percent_decode_str(raw)
+    let id = percent_encoding::percent_decode_str(raw)
         .decode_utf8_lossy()
         .into_owned();
     let header = |name: &str| {
@@ -204,10 +223,17 @@ async fn transaction_status(req: HttpRequest, state: web::Data<Mutex<Midtrans>>)
     let authorization = header("authorization");
     let (status, content_type, body, delay, location) = {
         let mut midtrans = state.lock().unwrap();
+        let order_id = midtrans
+            .reports
+            .get(&id)
+            .and_then(|report| report["order_id"].as_str())
+            .unwrap_or(&id)
+            .to_owned();
         midtrans.seen.push(Seen {
             method: req.method().to_string(),
             path: path.clone(),
-            order_id: order_id.clone(),
+            id: id.clone(),
+            order_id,
             authorization: authorization.clone(),
             accept: header("accept"),
         });
@@ -223,7 +249,7 @@ async fn transaction_status(req: HttpRequest, state: web::Data<Mutex<Midtrans>>)
         } else if authorization.as_deref() != Some(basic_auth(&midtrans.accepted_key).as_str()) {
             let body = status_fixture("unauthorized");
             (401, "application/json", body, Duration::ZERO, None)
-        } else if let Some(report) = midtrans.reports.get(&order_id) {
+        } else if let Some(report) = midtrans.reports.get(&id) {
             (
                 200,
                 "application/json",
@@ -621,7 +647,8 @@ async fn an_unknown_transaction_is_not_applied_whether_the_api_answers_http_200_
     let answer = app.notify(&body).await;
     assert_eq!(answer.status, 503, "{answer:?}");
     assert_eq!(app.row_counts(), (0, 0, 0));
-    assert_eq!(midtrans.asked_about("ORDER-2001"), 3);
+    // Asked about the notification's transaction each time (the stand-in knows no order of it).
+    assert_eq!(midtrans.asked_about(ORDER_2001_PAID_BY), 3);
 }
 
 #[actix_web::test]
@@ -653,6 +680,8 @@ async fn an_answer_about_another_order_confirms_nothing() {
     let midtrans = StandIn::start();
     let mut other = serde_json::from_str::<Value>(&status_fixture("echannel.settlement")).unwrap();
     other["gross_amount"] = "150000.00".into();
+    // Asked about ORDER-2001's transaction, it answers about ORDER-2007.
+    other["transaction_id"] = ORDER_2001_PAID_BY.into();
     midtrans.reports_value("ORDER-2001", other);
     let app = spawn_checking_app(&midtrans).await;
 
@@ -661,7 +690,7 @@ async fn an_answer_about_another_order_confirms_nothing() {
     assert_eq!(answer.status, 503, "{answer:?}");
     assert_eq!(answer.error(), NOT_CONFIRMED);
     assert_eq!(app.row_counts(), (0, 0, 0));
-    assert_eq!(midtrans.asked_about("ORDER-2001"), 1);
+    assert_eq!(midtrans.asked_about(ORDER_2001_PAID_BY), 1);
 }
 
 /// The status API is not followed elsewhere: a redirect's answer is no status (503), and the
@@ -684,41 +713,54 @@ async fn a_redirect_from_the_status_api_is_not_followed_and_carries_the_key_nowh
     // Without the check the settlement is applied: this fails (200 processed).
     assert_eq!(answer.status, 503, "{answer:?}");
     assert_eq!(app.row_counts(), (0, 0, 0));
-    assert_eq!(midtrans.asked_about("ORDER-2001"), 1);
+    assert_eq!(midtrans.asked_about(ORDER_2001_PAID_BY), 1);
     assert!(elsewhere.seen().is_empty(), "{:?}", elsewhere.seen());
 }
 
+/// The API is asked by the notification's transaction, or by its order when it names none;
+/// either id reaches it as one path segment whatever it holds.
 #[actix_web::test]
-async fn an_order_id_with_reserved_characters_reaches_the_api_as_one_path_segment() {
+async fn an_id_with_reserved_characters_reaches_the_api_as_one_path_segment() {
     let order_id = "INV#7/2026 ä:1?x=y&z";
-    let mut settlement = notification("settlement");
-    settlement["order_id"] = order_id.into();
-    let mut report: Value = serde_json::from_str(&status_fixture("settlement")).unwrap();
-    report["order_id"] = order_id.into();
-    let midtrans = StandIn::start();
-    midtrans.reports_value(order_id, report);
-    let app = spawn_checking_app(&midtrans).await;
+    let transaction_id = "tx#7/2026 ä:2?a=b&c";
+    for names_a_transaction in [true, false] {
+        let mut settlement = notification("settlement");
+        settlement["order_id"] = order_id.into();
+        let mut report: Value = serde_json::from_str(&status_fixture("settlement")).unwrap();
+        report["order_id"] = order_id.into();
+        report["transaction_id"] = transaction_id.into();
+        let asked_by = if names_a_transaction {
+            settlement["transaction_id"] = transaction_id.into();
+            transaction_id
+        } else {
+            settlement.as_object_mut().unwrap().remove("transaction_id");
+            order_id
+        };
+        let midtrans = StandIn::start();
+        midtrans.reports_value(order_id, report);
+        let app = spawn_checking_app(&midtrans).await;
 
-    let answer = app.notify(&signed(&settlement)).await;
-    assert_eq!(
-        (answer.status, answer.outcome()),
-        (200, "processed"),
-        "{answer:?}"
-    );
-    assert_eq!(app.order_status(order_id).as_deref(), Some("paid"));
-    // Without the check nothing is asked: this fails (no request).
-    let seen = midtrans.seen();
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    assert_eq!(seen[0].order_id, order_id);
-    let segment = seen[0]
-        .path
-        .strip_prefix("/v2/")
-        .and_then(|p| p.strip_suffix("/status"))
-        .unwrap_or_else(|| panic!("{seen:?}"));
-    assert!(
-        !segment.contains(['/', '#', '?', '&', ' ']),
-        "{segment} is not one path segment"
-    );
+        let answer = app.notify(&signed(&settlement)).await;
+        assert_eq!(
+            (answer.status, answer.outcome()),
+            (200, "processed"),
+            "{answer:?}"
+        );
+        assert_eq!(app.order_status(order_id).as_deref(), Some("paid"));
+        // Without the check nothing is asked: this fails (no request).
+        let seen = midtrans.seen();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].id, asked_by);
+        let segment = seen[0]
+            .path
+            .strip_prefix("/v2/")
+            .and_then(|p| p.strip_suffix("/status"))
+            .unwrap_or_else(|| panic!("{seen:?}"));
+        assert!(
+            !segment.contains(['/', '#', '?', '&', ' ']),
+            "{segment} is not one path segment"
+        );
+    }
 }
 
 #[actix_web::test]
@@ -921,7 +963,10 @@ fn order_2001_deny_notification(transaction_id: &str) -> Vec<u8> {
 const ORDER_2001_PAID_BY: &str = "a14f85d4-30ed-4b6e-85f9-0e8ef5208578";
 const ANOTHER_ATTEMPT: &str = "98bef542-10ab-4ef9-928f-fa9a4baff095";
 
-/// Fails on the version that took any deny of a paid order for a reversal.
+/// Fails on the version that took any deny of a paid order for a reversal, and on the one that
+/// asked the API by order id: asked so, the API reports the order's latest transaction (the
+/// settlement that paid it), the deny of the earlier attempt is never confirmed, and it was
+/// answered 503 on every retry until Midtrans gave up.
 #[actix_web::test]
 async fn a_deny_of_another_transaction_the_api_confirms_leaves_the_paid_order_paid() {
     let midtrans = StandIn::start();
@@ -932,7 +977,8 @@ async fn a_deny_of_another_transaction_the_api_confirms_leaves_the_paid_order_pa
         "processed"
     );
 
-    midtrans.reports_value("ORDER-2001", order_2001_denied_for(ANOTHER_ATTEMPT));
+    // The order's latest transaction stays the settlement; the earlier attempt was denied.
+    midtrans.reports_transaction(order_2001_denied_for(ANOTHER_ATTEMPT));
     let answer = app
         .notify(&order_2001_deny_notification(ANOTHER_ATTEMPT))
         .await;
@@ -943,13 +989,16 @@ async fn a_deny_of_another_transaction_the_api_confirms_leaves_the_paid_order_pa
     );
     assert_eq!(app.order_status("ORDER-2001").as_deref(), Some("paid"));
     assert_eq!(app.outbox_templates("ORDER-2001"), ["receipt"]);
+    let asked: Vec<String> = midtrans.seen().into_iter().map(|s| s.id).collect();
+    assert_eq!(asked, [ORDER_2001_PAID_BY, ANOTHER_ATTEMPT]);
 }
 
-/// The transaction a deny is for is what the API reports, not what the notification says (the
-/// signature does not cover `transaction_id`): a deny naming the paying transaction, which the API
-/// reports as a deny of another attempt, reverses nothing.
+/// The transaction a deny is for is the one the API confirms, not merely the one the
+/// notification names (the signature does not cover `transaction_id`): a deny naming the paying
+/// transaction, which the API reports settled, is not confirmed and reverses nothing; the deny
+/// of the attempt the API did deny is stale.
 #[actix_web::test]
-async fn a_deny_is_for_the_transaction_the_api_reports_not_the_one_the_notification_names() {
+async fn a_deny_naming_the_paying_transaction_the_api_reports_settled_reverses_nothing() {
     let midtrans = StandIn::start();
     midtrans.reports("ORDER-2001", "settlement");
     let app = spawn_checking_app(&midtrans).await;
@@ -958,15 +1007,24 @@ async fn a_deny_is_for_the_transaction_the_api_reports_not_the_one_the_notificat
         "processed"
     );
 
-    midtrans.reports_value("ORDER-2001", order_2001_denied_for(ANOTHER_ATTEMPT));
-    let answer = app
+    midtrans.reports_transaction(order_2001_denied_for(ANOTHER_ATTEMPT));
+    let forged = app
         .notify(&order_2001_deny_notification(ORDER_2001_PAID_BY))
         .await;
     // Believing the notification's transaction_id, this is a reversal: this fails (reversed).
     assert_eq!(
-        (answer.status, answer.outcome()),
+        (forged.status, forged.error()),
+        (503, NOT_CONFIRMED),
+        "{forged:?}"
+    );
+    assert_eq!(app.order_status("ORDER-2001").as_deref(), Some("paid"));
+    let genuine = app
+        .notify(&order_2001_deny_notification(ANOTHER_ATTEMPT))
+        .await;
+    assert_eq!(
+        (genuine.status, genuine.outcome()),
         (200, "stale"),
-        "{answer:?}"
+        "{genuine:?}"
     );
     assert_eq!(app.order_status("ORDER-2001").as_deref(), Some("paid"));
     assert_eq!(
