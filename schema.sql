@@ -1,4 +1,4 @@
--- sekali schema, version 5 (PRAGMA user_version = 5).
+-- sekali schema, version 6 (PRAGMA user_version = 6).
 --
 -- Applied at startup, idempotently, by src/store/sqlite/schema.rs, which embeds this file in the
 -- binary.
@@ -105,7 +105,12 @@ CREATE TABLE IF NOT EXISTS orders (
     -- Decimals of the order's amounts in its provider's minor units (Stripe's own table, else
     -- ISO 4217: JPY 0, IDR 2, BHD 3). NULL for orders written before version 5 (their emails
     -- then use ISO 4217). Added in version 5.
-    amount_exponent   INTEGER
+    amount_exponent   INTEGER,
+    -- The payer's address as the provider last reported it. customer_email is where the
+    -- customer's emails go: the shop's own address for an order created through the API with
+    -- one (a webhook never overwrites it), else the payer's. Added in version 6 (orders first
+    -- seen in a webhook before it got their customer_email here).
+    payer_email       TEXT
 ) WITHOUT ROWID;
 
 
@@ -119,10 +124,20 @@ CREATE TABLE IF NOT EXISTS order_transitions (
     to_status         TEXT NOT NULL,
     -- The order's cumulative refunded amount after the change.
     refunded_amount   INTEGER NOT NULL,
+    -- Who made the change: a provider's name with its event id; 'api' with 'api:<client>'
+    -- (creation through the orders API); 'operator' with 'operator' (sekali orders set-status).
     provider          TEXT NOT NULL,
     event_id          TEXT NOT NULL,
-    changed_at        TEXT NOT NULL
+    changed_at        TEXT NOT NULL,
+    -- For an operator's change, the operator's name (--by, else the OS user); for the API's,
+    -- the client's name. NULL for a provider's event. Added in version 6.
+    actor             TEXT,
+    -- Why an operator made the change (--reason, required). NULL otherwise. Added in version 6.
+    reason            TEXT
 );
+
+-- An order's history (GET /orders/{id}) reads its transitions in order. Added in version 6.
+CREATE INDEX IF NOT EXISTS order_transitions_order ON order_transitions (order_id, id);
 
 
 -- Every payment seen with an order: a Stripe PaymentIntent (pi_...) or, for charges made with

@@ -28,9 +28,9 @@ use sekali::domain::{
     EmailAddress, NormalizedEvent, OrderRef, OrderStatus, ProviderName, StatusChange,
 };
 use sekali::store::{
-    ClaimRequest, ClaimedEmail, CreateOrder, IdempotentOutcome, Maintenance, NewOrder, OrderQuery,
-    OrderView, OutboxRow, Outcome, Purged, SendOutcome, SendResult, SetStatusError, Store,
-    StoreError, StoredResponse,
+    ClaimRequest, ClaimedEmail, CreateOrder, IdempotentOutcome, Maintenance, NewOrder,
+    OperatorChange, OrderQuery, OrderView, OutboxRow, Outcome, Purged, SendOutcome, SendResult,
+    SetStatusError, Store, StoreError, StoredResponse, Transition,
 };
 use serde_json::{json, Value};
 
@@ -170,7 +170,8 @@ macro_rules! conformance_suite {
                 an_operator_can_set_any_status_and_gets_the_previous_one,
                 setting_the_status_of_a_missing_order_is_no_such_order,
                 settling_a_review_as_paid_queues_the_receipt_for_what_was_paid,
-                the_same_change_announced_twice_queues_one_email,
+                an_operator_setting_the_status_the_order_has_is_refused,
+                an_orders_history_names_who_made_each_change_and_why,
                 // backup
                 a_backup_holds_the_orders_and_events_as_they_were,
                 a_backup_never_overwrites_an_existing_file,
@@ -312,6 +313,15 @@ fn paid(event_id: &str, order_id: &str) -> Ev {
         .to(OrderStatus::Paid)
         .paid(1500)
         .email("sari@toko.example")
+}
+
+/// An operator's change to `status`, with a name and a reason.
+pub fn by_operator(status: OrderStatus) -> OperatorChange {
+    OperatorChange {
+        status,
+        operator: "operator-test".into(),
+        reason: "checked by hand".into(),
+    }
 }
 
 fn new_order(order_id: &str) -> NewOrder {
@@ -745,12 +755,25 @@ mod suite {
                 amount: Some(1500),
                 refunded_amount: 0,
                 currency: Some("usd".into()),
+                paid_amount: None,
+                paid_currency: None,
                 customer_email: Some("sari@toko.example".into()),
+                payer_email: Some("sari@toko.example".into()),
                 metadata: None,
                 source: "webhook".into(),
                 payment_intent_id: Some("pi_1".into()),
                 created_at: iso_seconds(T0),
                 updated_at: iso_seconds(T0),
+                history: Some(vec![Transition {
+                    changed_at: iso_seconds(T0),
+                    from_status: None,
+                    to_status: "paid".into(),
+                    refunded_amount: 0,
+                    provider: "stripe".into(),
+                    event_id: "evt_1".into(),
+                    actor: None,
+                    reason: None,
+                }]),
             }
         );
         assert_eq!(t.templates("ord_1"), ["receipt"]);
@@ -1400,12 +1423,25 @@ mod suite {
                 amount: Some(1500),
                 refunded_amount: 0,
                 currency: Some("usd".into()),
+                paid_amount: None,
+                paid_currency: None,
                 customer_email: Some("budi@toko.example".into()),
+                payer_email: None,
                 metadata: Some(json!({"cart": "c-1"})),
                 source: "api".into(),
                 payment_intent_id: None,
                 created_at: iso_seconds(T0),
                 updated_at: iso_seconds(T0),
+                history: Some(vec![Transition {
+                    changed_at: iso_seconds(T0),
+                    from_status: None,
+                    to_status: "pending".into(),
+                    refunded_amount: 0,
+                    provider: "api".into(),
+                    event_id: "api:shop".into(),
+                    actor: Some("shop".into()),
+                    reason: None,
+                }]),
             }
         );
         assert_eq!(outcome, IdempotentOutcome::Fresh(respond_with(Some(&view))));
@@ -2075,7 +2111,7 @@ mod suite {
         t.advance(30);
         let previous = t
             .ops
-            .set_status_by_operator("ord_1", Pending, t.now())
+            .set_status_by_operator("ord_1", &by_operator(Pending), t.now())
             .unwrap();
         assert_eq!(previous, Paid);
         let order = t.order("ord_1").await.unwrap();
@@ -2084,7 +2120,7 @@ mod suite {
         for (next, before) in [(Cancelled, Pending), (NeedsReview, Cancelled)] {
             assert_eq!(
                 t.ops
-                    .set_status_by_operator("ord_1", next, t.now())
+                    .set_status_by_operator("ord_1", &by_operator(next), t.now())
                     .unwrap(),
                 before
             );
@@ -2094,7 +2130,9 @@ mod suite {
     }
 
     pub async fn setting_the_status_of_a_missing_order_is_no_such_order(t: Ctx) {
-        let refused = t.ops.set_status_by_operator("ord_missing", Paid, t.now());
+        let refused = t
+            .ops
+            .set_status_by_operator("ord_missing", &by_operator(Paid), t.now());
         assert!(
             matches!(&refused, Err(SetStatusError::NoSuchOrder(id)) if id == "ord_missing"),
             "{refused:?}"
@@ -2113,7 +2151,7 @@ mod suite {
 
         let previous = t
             .ops
-            .set_status_by_operator("ord_1", Paid, t.now())
+            .set_status_by_operator("ord_1", &by_operator(Paid), t.now())
             .unwrap();
         assert_eq!(previous, NeedsReview);
         assert_eq!(t.status("ord_1").await, Paid);
@@ -2125,17 +2163,77 @@ mod suite {
         assert_eq!(params(&emails[0])["status"], json!("paid"));
     }
 
-    /// One change, one email: an operator setting an order to the status it already has (with
-    /// the same refund) queues no second notice.
-    pub async fn the_same_change_announced_twice_queues_one_email(t: Ctx) {
+    /// A change to the status the order has is no change: refused, with nothing recorded and
+    /// no second notice.
+    pub async fn an_operator_setting_the_status_the_order_has_is_refused(t: Ctx) {
         t.record(paid("evt_1", "ord_1")).await;
-        assert_eq!(
-            t.ops
-                .set_status_by_operator("ord_1", Paid, t.now())
-                .unwrap(),
-            Paid
+        let refused = t
+            .ops
+            .set_status_by_operator("ord_1", &by_operator(Paid), t.now());
+        assert!(
+            matches!(
+                &refused,
+                Err(SetStatusError::Unchanged { status: Paid, .. })
+            ),
+            "{refused:?}"
         );
         assert_eq!(t.templates("ord_1"), ["receipt"]);
+        let history = t.order("ord_1").await.unwrap().history.unwrap();
+        assert_eq!(history.len(), 1, "{history:?}");
+    }
+
+    /// The history of an order says when, from what, to what, and by whom each change was
+    /// made: a provider's event, the API's client, an operator with the reason given.
+    pub async fn an_orders_history_names_who_made_each_change_and_why(t: Ctx) {
+        t.create_api_order(new_order("ord_1")).await;
+        t.advance(10);
+        t.record(paid("evt_1", "ord_1")).await;
+        t.advance(10);
+        let change = OperatorChange {
+            status: Refunded,
+            operator: "ana".into(),
+            reason: "refunded by bank transfer, ticket 42".into(),
+        };
+        t.ops
+            .set_status_by_operator("ord_1", &change, t.now())
+            .unwrap();
+        let history = t.order("ord_1").await.unwrap().history.unwrap();
+        let rows: Vec<_> = history
+            .iter()
+            .map(|h| {
+                (
+                    h.changed_at.clone(),
+                    h.from_status.as_deref(),
+                    h.to_status.as_str(),
+                    h.provider.as_str(),
+                    h.actor.as_deref(),
+                    h.reason.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (iso_seconds(T0), None, "pending", "api", Some("shop"), None),
+                (
+                    iso_seconds(T0 + 10),
+                    Some("pending"),
+                    "paid",
+                    "stripe",
+                    None,
+                    None
+                ),
+                (
+                    iso_seconds(T0 + 20),
+                    Some("paid"),
+                    "refunded",
+                    "operator",
+                    Some("ana"),
+                    Some("refunded by bank transfer, ticket 42")
+                ),
+            ]
+        );
+        assert_eq!(history[1].event_id, "evt_1");
     }
 
     // --- backup --------------------------------------------------------------------------------

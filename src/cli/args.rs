@@ -402,14 +402,21 @@ pub struct ReplayArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum OrdersCommand {
-    /// Move an order to any status by hand (for example out of needs_review), recorded as an
-    /// `operator` transition; the new status's customer email is queued.
+    /// Move an order to any other status by hand (for example out of needs_review), recorded
+    /// as an `operator` transition with who and why; the new status's customer email is queued.
     SetStatus {
         /// The order id.
         id: String,
         /// pending, paid, failed, cancelled, expired, partially_refunded, refunded, disputed or
-        /// needs_review.
+        /// needs_review; not the status the order has.
         status: crate::domain::OrderStatus,
+        /// Why the order is moved (kept with the transition, in the order's history).
+        #[arg(long)]
+        reason: String,
+        /// Who moves it [default: the OS user: SUDO_USER, USER or LOGNAME, else the user id's
+        /// name].
+        #[arg(long)]
+        by: Option<String>,
         #[command(flatten)]
         db: DbArgs,
     },

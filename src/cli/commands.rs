@@ -17,7 +17,7 @@ use crate::jobs::relay::RelayHost;
 use crate::providers::{ProviderSettings, Providers};
 use crate::startup::Application;
 use crate::store::sqlite::{SqliteMaintenance, SqliteStore, WriterConfig};
-use crate::store::{Maintenance, Store, DEFAULT_PURGE_BATCH};
+use crate::store::{Maintenance, OperatorChange, Store, DEFAULT_PURGE_BATCH};
 
 /// The provider settings of the command line, by `(provider, option)`: the generic
 /// `--retention` and `--provider-option`, and the flags that name one provider's option.
@@ -282,13 +282,53 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
     DONE
 }
 
-pub(super) fn set_status(id: &str, status: OrderStatus, db: &DbArgs) -> CommandResult {
+/// Who runs the command, for the audit trail: the person behind `sudo` (`SUDO_USER`), else the
+/// login name of the environment (`USER`, `LOGNAME`), else the name of the process's user id.
+fn os_user() -> Result<String, String> {
+    ["SUDO_USER", "USER", "LOGNAME"]
+        .iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .find(|value| !value.trim().is_empty())
+        .map_or_else(
+            || {
+                whoami::username()
+                    .map_err(|e| format!("cannot tell who you are ({e}); name yourself with --by"))
+            },
+            Ok,
+        )
+}
+
+pub(super) fn set_status(
+    id: &str,
+    status: OrderStatus,
+    reason: String,
+    by: Option<String>,
+    db: &DbArgs,
+) -> CommandResult {
+    if reason.trim().is_empty() {
+        return Err(
+            "--reason is empty: say why the order is moved (it is kept in its history)".into(),
+        );
+    }
+    let operator = match by.filter(|b| !b.trim().is_empty()) {
+        Some(name) => name,
+        None => os_user()?,
+    };
+    let change = OperatorChange {
+        status,
+        operator,
+        reason,
+    };
     let previous = SqliteMaintenance::open(&db.db, true)?.set_status_by_operator(
         id,
-        status,
+        &change,
         SystemClock.now_unix(),
     )?;
-    crate::outln!("order {id}: {previous} -> {status}");
+    crate::outln!(
+        "order {}: {previous} -> {status} (by {})",
+        Escaped(id),
+        Escaped(&change.operator)
+    );
     DONE
 }
 

@@ -20,9 +20,13 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Replay(args) => commands::replay(args),
         Command::Bench(args) => commands::bench(args),
         Command::Events(command) => commands::events(command),
-        Command::Orders(args::OrdersCommand::SetStatus { id, status, db }) => {
-            commands::set_status(&id, status, &db)
-        }
+        Command::Orders(args::OrdersCommand::SetStatus {
+            id,
+            status,
+            reason,
+            by,
+            db,
+        }) => commands::set_status(&id, status, reason, by, &db),
         Command::Relay(args) => commands::relay(args),
         Command::Outbox(command) => commands::outbox(command),
     };

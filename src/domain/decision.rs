@@ -53,7 +53,11 @@ pub struct OrderState {
     pub amount: Option<i64>,
     pub refunded_amount: i64,
     pub currency: Option<String>,
+    /// Where the customer's emails go: the shop's own address for an API order created with
+    /// one, which no webhook overwrites; else the payer's, the newest reported.
     pub customer_email: Option<String>,
+    /// The payer's address as the provider last reported it (`orders.payer_email`).
+    pub payer_email: Option<String>,
     /// The payment that paid it, else the first one linked to it (`orders.payment_intent_id`):
     /// a Stripe PaymentIntent or Charges API charge, a Midtrans `transaction_id`. A reversal
     /// must name it.
@@ -114,7 +118,8 @@ pub fn decide(
                     0
                 },
                 currency: change.currency.clone(),
-                customer_email: email,
+                customer_email: email.clone(),
+                payer_email: email,
                 payment_ref: event.payment_ref.clone(),
                 paid_amount: if paid { change.paid_amount } else { None },
                 paid_currency: if paid { change.currency.clone() } else { None },
@@ -134,12 +139,14 @@ pub fn decide(
         && !(target.is_refund() && refunded < current.refunded_amount);
 
     // Details the order lacks (first payment, amount, currency, email) are filled in from any
-    // event, even one that does not move the status; they are not effects.
+    // event, even one that does not move the status; they are not effects. The payer's address
+    // is the newest reported.
     let mut next = OrderState {
         amount: current.amount.or(change.amount),
         exponent: current.exponent.or(change.exponent),
         currency: current.currency.clone().or_else(|| change.currency.clone()),
         customer_email: current.customer_email.clone().or_else(|| email.clone()),
+        payer_email: email.clone().or_else(|| current.payer_email.clone()),
         payment_ref: current
             .payment_ref
             .clone()
@@ -182,8 +189,10 @@ pub fn decide(
     if let Some(reported) = change.refunded_amount {
         next.refunded_amount = next.refunded_amount.max(reported);
     }
-    // The newest address wins for the notice this change sends.
-    if email.is_some() {
+    // The newest address wins for the notice this change sends, but for the shop's own: an API
+    // order created with an address keeps it (the payer's stays in `payer_email`).
+    let shops_own = current.from_api && current.customer_email.is_some();
+    if email.is_some() && !shops_own {
         next.customer_email = email;
     }
     Decision::Move {
@@ -261,6 +270,7 @@ mod tests {
             refunded_amount: 0,
             currency: Some("usd".into()),
             customer_email: None,
+            payer_email: None,
             payment_ref: None,
             paid_amount: None,
             paid_currency: None,
@@ -606,6 +616,40 @@ mod tests {
             panic!("{decision:?}")
         };
         assert_eq!(next.payment_ref.as_deref(), Some("tx-1"));
+    }
+
+    /// The shop's address (an API order created with one) is where its emails go, whatever the
+    /// provider reports of the payer; a webhook order's goes to the newest payer's address.
+    #[test]
+    fn the_shops_own_address_is_kept_and_the_payers_is_the_newest_reported() {
+        let mut reported = change(Paid);
+        reported.customer_email = Some(EmailAddress::parse("payer@bank.example").unwrap());
+        let mut api_order = order(Pending);
+        api_order.from_api = true;
+        api_order.customer_email = Some("buyer@shop.example".into());
+        let Decision::Move { next, .. } = decide(Some(&api_order), &event("stripe"), &reported)
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (next.customer_email.as_deref(), next.payer_email.as_deref()),
+            (Some("buyer@shop.example"), Some("payer@bank.example"))
+        );
+        // Without an address of its own, an API order takes the payer's.
+        api_order.customer_email = None;
+        let Decision::Move { next, .. } = decide(Some(&api_order), &event("stripe"), &reported)
+        else {
+            panic!()
+        };
+        assert_eq!(next.customer_email.as_deref(), Some("payer@bank.example"));
+        // A webhook order's address is the newest payer's.
+        let mut webhook_order = order(Pending);
+        webhook_order.customer_email = Some("old@bank.example".into());
+        let Decision::Move { next, .. } = decide(Some(&webhook_order), &event("stripe"), &reported)
+        else {
+            panic!()
+        };
+        assert_eq!(next.customer_email.as_deref(), Some("payer@bank.example"));
     }
 
     #[test]

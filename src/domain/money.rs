@@ -22,6 +22,11 @@ pub fn iso_exponent(currency: &str) -> u32 {
         .map_or(2, u32::from)
 }
 
+/// True when ISO 4217 knows `currency` (in any case: `usd`, `IDR`).
+pub fn is_iso_currency(currency: &str) -> bool {
+    iso_currency::Currency::from_code(&currency.to_ascii_uppercase()).is_some()
+}
+
 /// Parses a decimal amount as Midtrans sends it (`"10000.00"`, `"10000"`, `"10000.5"`) into minor
 /// units with `exponent` decimals: `"10000.00"` at 2 is `1000000`. Exact: no floating point on
 /// the way. More decimals than the currency has are refused rather than rounded.

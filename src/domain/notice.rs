@@ -117,6 +117,7 @@ mod tests {
             refunded_amount: 0,
             currency: Some("usd".into()),
             customer_email: Some("sari@example.com".into()),
+            payer_email: None,
             payment_ref: None,
             paid_amount: None,
             paid_currency: None,

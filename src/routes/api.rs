@@ -127,10 +127,12 @@ pub fn parse_idempotency_key(raw: &str) -> Result<String, String> {
     }
 }
 
-/// Creates `order` under the request's Idempotency-Key and answers: the fresh response, the stored
-/// one (with `Idempotent-Replayed: true`), 422 for a key reused with another request, 409 while
-/// the first request with the key is in flight, 503 if nothing committed. `body` is the
-/// validated JSON body; the fingerprint covers the method, the path and its RFC 8785 form.
+/// Creates `order` under the request's Idempotency-Key and answers with the response to send and
+/// whether it is a replay: the fresh response, the stored one (replayed), 422 for a key reused
+/// with another request, 409 while the first request with the key is in flight, 503 if nothing
+/// committed. `body` is the validated JSON body; the fingerprint covers the method, the path as
+/// routed (percent-decoded as the router reads it: `/%6frders` is `/orders`) and its RFC 8785
+/// form.
 pub async fn idempotent(
     state: &web::Data<AppState>,
     client: ApiClient,
@@ -139,8 +141,8 @@ pub async fn idempotent(
     body: &serde_json::Value,
     order: NewOrder,
     respond: Respond,
-) -> Result<actix_web::HttpResponse, Problem> {
-    let fingerprint = request_fingerprint(req.method().as_str(), req.path(), body)?;
+) -> Result<(StoredResponse, bool), Problem> {
+    let fingerprint = request_fingerprint(req.method().as_str(), req.match_info().as_str(), body)?;
     let Some(_in_flight) = InFlightKeys::begin(state, &client.0, &key.0) else {
         return Err(Problem::request_in_flight());
     };
@@ -160,8 +162,8 @@ pub async fn idempotent(
             Problem::unavailable()
         })?;
     match outcome {
-        IdempotentOutcome::Fresh(stored) => Ok(stored_response(stored, false)),
-        IdempotentOutcome::Replayed(stored) => Ok(stored_response(stored, true)),
+        IdempotentOutcome::Fresh(stored) => Ok((stored, false)),
+        IdempotentOutcome::Replayed(stored) => Ok((stored, true)),
         IdempotentOutcome::FingerprintMismatch => Err(Problem::key_reused()),
     }
 }
@@ -181,15 +183,16 @@ pub fn request_fingerprint(
     Ok(crate::domain::hex_lower(&hasher.finalize()))
 }
 
-fn stored_response(stored: StoredResponse, replayed: bool) -> actix_web::HttpResponse {
+/// A stored response as sent, marked `Idempotent-Replayed: true` when it is a replay.
+pub fn stored_response(stored: &StoredResponse, replayed: bool) -> actix_web::HttpResponse {
     let status = actix_web::http::StatusCode::from_u16(stored.status)
         .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = actix_web::HttpResponse::build(status);
-    response.insert_header((header::CONTENT_TYPE, stored.content_type));
+    response.insert_header((header::CONTENT_TYPE, stored.content_type.as_str()));
     if replayed {
         response.insert_header(("Idempotent-Replayed", "true"));
     }
-    response.body(stored.body)
+    response.body(stored.body.clone())
 }
 
 /// Keys whose first request is being processed right now, per client. A concurrent request with

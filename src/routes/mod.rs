@@ -86,17 +86,25 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route(web::head().to(health::healthz)),
     )
     .service(
-        resource("/orders", "GET, HEAD, POST")
+        api_resource("/orders", "GET, HEAD, POST")
             .route(web::post().to(orders::create_order))
             .route(web::get().to(orders::list_orders))
             .route(web::head().to(orders::list_orders)),
     )
     .service(
-        resource("/orders/{order_id}", "GET, HEAD")
+        api_resource("/orders/{order_id}", "GET, HEAD")
             .route(web::get().to(orders::get_order))
             .route(web::head().to(orders::get_order)),
     )
     .default_service(web::to(not_found));
+}
+
+/// A path of the orders API, whose every error is problem+json: another method gets 405 as a
+/// problem, with `Allow`.
+fn api_resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move || async move {
+        actix_web::ResponseError::error_response(&problem::Problem::method_not_allowed(allow))
+    }))
 }
 
 /// A path sekali serves with the methods in `allow` (its routes, listed right after: HEAD
@@ -142,6 +150,18 @@ pub(crate) async fn read_limited_body(
     }
 }
 
-pub(crate) async fn not_found() -> HttpResponse {
+/// Any path sekali does not serve: 404. Under `/orders`, a problem as the rest of the orders
+/// API answers (`/orders/a/b`, `/orders/`).
+pub(crate) async fn not_found(req: actix_web::HttpRequest) -> HttpResponse {
+    let path = req.match_info().as_str();
+    if path == "/orders" || path.starts_with("/orders/") {
+        let escaped = crate::domain::text::Escaped(path).to_string();
+        return actix_web::ResponseError::error_response(&problem::Problem::no_such_path(&escaped));
+    }
+    HttpResponse::NotFound().json(serde_json::json!({ "error": "not found" }))
+}
+
+/// 404 for a webhook path of a provider sekali does not know.
+pub(crate) fn no_such_webhook() -> HttpResponse {
     HttpResponse::NotFound().json(serde_json::json!({ "error": "not found" }))
 }

@@ -30,9 +30,17 @@ fn validate(body: &[u8]) -> Result<(CreateOrderRequest, serde_json::Value), Prob
     if !value.is_object() {
         return Err(Problem::invalid_request("the body must be a JSON object"));
     }
+    if let Some(amount) = value.get("amount").filter(|a| !(a.is_i64() || a.is_u64())) {
+        // serde's own words ("invalid type: floating point `10.5`, expected i64") do not say
+        // what an amount is.
+        return Err(Problem::invalid_request(format!(
+            "amount: {amount} is not an integer; amounts are integers in the currency's minor units \
+             (1500 for $15.00, 150000 for Rp1.500,00, 5000 for ¥5,000)"
+        )));
+    }
     let request: CreateOrderRequest =
         serde_path_to_error::deserialize(value.clone()).map_err(|e| {
-            // Name the field: "amount: invalid type: floating point `10.5`, expected i64".
+            // Name the field: "currency: invalid type: integer `5`, expected a string".
             match e.path().to_string().as_str() {
                 "." => Problem::invalid_request(e.inner().to_string()),
                 path => Problem::invalid_request(format!("{path}: {}", e.inner())),
@@ -58,6 +66,12 @@ fn validate(body: &[u8]) -> Result<(CreateOrderRequest, serde_json::Value), Prob
         return Err(Problem::invalid_request(
             "currency must be a three-letter code such as usd or IDR",
         ));
+    }
+    if !crate::domain::money::is_iso_currency(&request.currency) {
+        return Err(Problem::invalid_request(format!(
+            "currency: `{}` is not an ISO 4217 currency code (such as usd, IDR, JPY)",
+            request.currency
+        )));
     }
     if !providers::is_registered(&request.provider) {
         return Err(Problem::invalid_request(format!(
@@ -135,7 +149,37 @@ pub async fn create_order(
             None => Problem::order_exists(&order_id).stored(),
         },
     );
-    api::idempotent(&state, client, key, &req, &value, order, respond).await
+    let (stored, replayed) =
+        api::idempotent(&state, client, key, &req, &value, order, respond).await?;
+    let mut response = api::stored_response(&stored, replayed);
+    if stored.status == 201 {
+        // Where the created order is read: its id is in the stored body, which a replay (of a
+        // generated id too) returns as it was.
+        let created: serde_json::Value =
+            serde_json::from_str(&stored.body).expect("a stored order is JSON");
+        if let Some(id) = created["order_id"].as_str() {
+            response.headers_mut().insert(
+                actix_web::http::header::LOCATION,
+                actix_web::http::header::HeaderValue::from_str(&order_location(id))
+                    .expect("a percent-encoded path is a header value"),
+            );
+        }
+    }
+    Ok(response)
+}
+
+/// `/orders/{order_id}`, the id one path segment: everything but RFC 3986's unreserved
+/// characters percent-encoded (an order id may hold `:`).
+fn order_location(order_id: &str) -> String {
+    const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    format!(
+        "/orders/{}",
+        percent_encoding::utf8_percent_encode(order_id, SEGMENT)
+    )
 }
 
 pub async fn get_order(
@@ -175,7 +219,10 @@ pub async fn list_orders(
         .as_deref()
         .map(str::parse::<OrderStatus>)
         .transpose()
-        .map_err(|e| Problem::invalid_request(e.to_string()))?;
+        .map_err(|e| {
+            let valid: Vec<&str> = OrderStatus::ALL.iter().map(|s| s.as_str()).collect();
+            Problem::invalid_request(format!("status: {e}; it is one of {}", valid.join(", ")))
+        })?;
     let limit = query.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(Problem::invalid_request(format!(
@@ -191,7 +238,20 @@ pub async fn list_orders(
     let next_after = (page.len() == limit as usize)
         .then(|| page.last().map(|o| o.order_id.clone()))
         .flatten();
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "orders": page, "next_after": next_after })))
+    // A struct, not `json!`: serde_json's map sorts its keys, and each order would then list its
+    // fields in another order than `GET /orders/{id}` does.
+    Ok(HttpResponse::Ok().json(OrderPage {
+        orders: page,
+        next_after,
+    }))
+}
+
+/// A page of `GET /orders`.
+#[derive(serde::Serialize)]
+struct OrderPage {
+    orders: Vec<crate::store::OrderView>,
+    /// The cursor for the next page; null on the last.
+    next_after: Option<String>,
 }
 
 /// Awaits a read of the store; any failure is an opaque 503 for the caller and a full error in

@@ -21,6 +21,9 @@ pub struct Problem {
     retry_after: Option<u32>,
     #[serde(skip)]
     bearer_challenge: bool,
+    /// The methods a path takes, for a 405's `Allow`.
+    #[serde(skip)]
+    allow: Option<&'static str>,
 }
 
 fn problem_type(slug: &str) -> String {
@@ -36,6 +39,7 @@ impl Problem {
             detail: detail.into(),
             retry_after: None,
             bearer_challenge: false,
+            allow: None,
         }
     }
 
@@ -127,6 +131,30 @@ impl Problem {
         )
     }
 
+    /// Another method on a path of the orders API: `Allow` lists the ones it takes.
+    pub fn method_not_allowed(allow: &'static str) -> Self {
+        let mut p = Self::new(
+            "method-not-allowed",
+            "Method not allowed",
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("this path takes {allow}"),
+        );
+        p.allow = Some(allow);
+        p
+    }
+
+    /// A path under `/orders` that the orders API does not have.
+    pub fn no_such_path(path: &str) -> Self {
+        Self::new(
+            "no-such-path",
+            "No such path",
+            StatusCode::NOT_FOUND,
+            format!(
+                "the orders API has no path {path}: it has POST /orders, GET /orders and GET /orders/{{order_id}}"
+            ),
+        )
+    }
+
     pub fn not_found(order_id: &str) -> Self {
         Self::new(
             "not-found",
@@ -180,6 +208,9 @@ impl ResponseError for Problem {
         }
         if self.bearer_challenge {
             response.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        if let Some(allow) = self.allow {
+            response.insert_header((header::ALLOW, allow));
         }
         if self.status == StatusCode::PAYLOAD_TOO_LARGE.as_u16() {
             // The rest of the body is not read: close so the client is not left sending it

@@ -40,7 +40,7 @@ pub async fn webhook(
             tracing::info!(status = 404, error = %error, "delivery rejected");
             return error.error_response();
         }
-        return super::not_found().await;
+        return super::no_such_webhook();
     };
     // At `debug` only: at the default level a delivery that succeeds formats nothing. The
     // lines logged at `info` and above carry the provider (and the event id) themselves.
@@ -64,7 +64,7 @@ pub async fn other_method(name: web::Path<String>) -> HttpResponse {
     if providers::is_registered(&name) {
         super::method_not_allowed("POST")
     } else {
-        super::not_found().await
+        super::no_such_webhook()
     }
 }
 

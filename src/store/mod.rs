@@ -25,8 +25,8 @@ pub use crate::domain::Outcome;
 use crate::domain::{NormalizedEvent, OrderStatus};
 pub use model::{
     BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventSummary, IdempotentOutcome,
-    NewOrder, OrderView, OutboxRow, Purged, RunCounts, SendOutcome, SendResult, SetStatusError,
-    StoreStats, StoredResponse, WriterStats, DEFAULT_PURGE_BATCH,
+    NewOrder, OperatorChange, OrderView, OutboxRow, Purged, RunCounts, SendOutcome, SendResult,
+    SetStatusError, StoreStats, StoredResponse, Transition, WriterStats, DEFAULT_PURGE_BATCH,
 };
 
 /// A store failure. Engine errors keep their own codes (SQLite's extended result code is in the
@@ -159,8 +159,10 @@ pub trait Store: Send + Sync {
     /// Deletes up to `limit` expired event ids and idempotency keys in one transaction.
     fn purge_batch(&self, limit: usize) -> BoxFuture<'_, Result<Purged, WriteError>>;
 
+    /// One order, with its history.
     fn order(&self, order_id: String) -> BoxFuture<'_, Result<Option<OrderView>, StoreError>>;
 
+    /// A page of orders, without their histories.
     fn orders(&self, query: OrderQuery) -> BoxFuture<'_, Result<Vec<OrderView>, StoreError>>;
 
     /// Ok when the database answers a read.
@@ -187,6 +189,7 @@ pub trait Maintenance {
         provider: Option<&str>,
     ) -> Result<Vec<EventDetail>, StoreError>;
 
+    /// One order, with its history.
     fn order(&self, order_id: &str) -> Result<Option<OrderView>, StoreError>;
 
     /// Outbox rows, newest first, optionally of one status.
@@ -197,12 +200,13 @@ pub trait Maintenance {
     /// A dead row back to pending, due now, with its attempts reset. False if it was not dead.
     fn retry_dead(&self, id: i64, now_ms: i64) -> Result<bool, StoreError>;
 
-    /// The operator's override: any status, recorded as a transition by `operator`, with the
-    /// customer notice the new status carries. Returns the previous status.
+    /// The operator's override: any status but the one the order has, recorded as a transition
+    /// by `operator` with the operator's name and reason, with the customer notice the new status
+    /// carries. Returns the previous status.
     fn set_status_by_operator(
         &self,
         order_id: &str,
-        status: OrderStatus,
+        change: &OperatorChange,
         now_unix: i64,
     ) -> Result<OrderStatus, SetStatusError>;
 

@@ -79,7 +79,8 @@ pub struct SendResult {
     pub outcome: SendOutcome,
 }
 
-/// An order as the API returns it.
+/// An order as the API returns it, one by one (with its `history`) and by page (without): the
+/// fields in the same order either way.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct OrderView {
     pub order_id: String,
@@ -88,12 +89,75 @@ pub struct OrderView {
     pub amount: Option<i64>,
     pub refunded_amount: i64,
     pub currency: Option<String>,
+    /// What the payment said was paid, and in which currency, when that differs from the order's
+    /// amount or currency (a payment that did not match an API order); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paid_amount: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paid_currency: Option<String>,
+    /// Where the customer's emails go.
     pub customer_email: Option<String>,
+    /// The payer's address as the provider reported it.
+    pub payer_email: Option<String>,
     pub metadata: Option<serde_json::Value>,
     pub source: String,
     pub payment_intent_id: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// Every change of its status, oldest first (one order only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<Vec<Transition>>,
+}
+
+impl OrderView {
+    /// `(paid_amount, paid_currency)` as the view shows them: both, when the payment's amount or
+    /// currency differs from the order's (currencies compare case-insensitively: Stripe says
+    /// `idr`, the shop `IDR`), else neither.
+    pub fn paid_if_different(
+        amount: Option<i64>,
+        currency: Option<&str>,
+        paid_amount: Option<i64>,
+        paid_currency: Option<String>,
+    ) -> (Option<i64>, Option<String>) {
+        let amount_differs = paid_amount.is_some() && paid_amount != amount;
+        let currency_differs = matches!(
+            (&paid_currency, currency),
+            (Some(paid), Some(own)) if !paid.eq_ignore_ascii_case(own)
+        );
+        if amount_differs || currency_differs {
+            (paid_amount, paid_currency)
+        } else {
+            (None, None)
+        }
+    }
+}
+
+/// One change of an order's status, as the audit trail (`order_transitions`) keeps it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Transition {
+    pub changed_at: String,
+    /// `None` for the change that created the order.
+    pub from_status: Option<String>,
+    pub to_status: String,
+    /// The order's refunded amount after the change.
+    pub refunded_amount: i64,
+    /// Who made it: a provider's name (with `event_id`), `api` or `operator`.
+    pub provider: String,
+    pub event_id: String,
+    /// The operator's or the API client's name.
+    pub actor: Option<String>,
+    /// The operator's reason.
+    pub reason: Option<String>,
+}
+
+/// An operator's change of an order's status (`sekali orders set-status`).
+#[derive(Debug, Clone)]
+pub struct OperatorChange {
+    pub status: crate::domain::OrderStatus,
+    /// Who made it: `--by`, else the OS user.
+    pub operator: String,
+    /// Why; required, and kept in the audit trail.
+    pub reason: String,
 }
 
 /// A validated order to create.
@@ -114,6 +178,13 @@ pub struct NewOrder {
 pub enum SetStatusError {
     #[error("no order with id {0}")]
     NoSuchOrder(String),
+    /// Nothing to change: a transition to the status the order has would record a change that
+    /// did not happen (and queue its email again).
+    #[error("order {order_id} is {status} already; nothing was changed")]
+    Unchanged {
+        order_id: String,
+        status: crate::domain::OrderStatus,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }

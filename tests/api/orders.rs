@@ -24,6 +24,8 @@ struct Reply {
     content_type: String,
     replayed: bool,
     retry_after: bool,
+    location: Option<String>,
+    allow: Option<String>,
     body: String,
 }
 
@@ -45,10 +47,7 @@ async fn send(
     body: Option<&str>,
 ) -> Reply {
     let url = format!("{}{path}", app.address);
-    let mut request = match method {
-        "POST" => app.client.post(url),
-        _ => app.client.get(url),
-    };
+    let mut request = app.client.request(method.parse().expect("a method"), url);
     if let Some(token) = token {
         request = request.insert_header(("Authorization", format!("Bearer {token}")));
     }
@@ -72,10 +71,12 @@ async fn send(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
-    let (content_type, replayed, retry_after) = (
+    let (content_type, replayed, retry_after, location, allow) = (
         header("content-type").unwrap_or_default(),
         header("idempotent-replayed").as_deref() == Some("true"),
         header("retry-after").is_some(),
+        header("location"),
+        header("allow"),
     );
     let body = String::from_utf8(response.body().await.unwrap().to_vec()).unwrap();
     Reply {
@@ -83,6 +84,8 @@ async fn send(
         content_type,
         replayed,
         retry_after,
+        location,
+        allow,
         body,
     }
 }
@@ -487,12 +490,18 @@ async fn a_payment_that_does_not_match_an_api_order_moves_it_to_needs_review() {
     let output = Command::new(sekali_bin())
         .args(["orders", "set-status", "ord_1001", "paid", "--db"])
         .arg(&app.db_path)
+        .args([
+            "--reason",
+            "the customer paid the rest by bank transfer",
+            "--by",
+            "ana",
+        ])
         .output()
         .unwrap();
     assert!(output.status.success(), "{output:?}");
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        "order ord_1001: needs_review -> paid\n"
+        "order ord_1001: needs_review -> paid (by ana)\n"
     );
     assert_eq!(app.order_status("ord_1001").as_deref(), Some("paid"));
     assert_eq!(app.outbox_templates("ord_1001"), ["receipt"]);
@@ -596,5 +605,396 @@ async fn the_orders_api_takes_bodies_up_to_max_body_bytes_and_refuses_larger_one
     assert_eq!(
         app.count("SELECT count(*) FROM idempotency_keys WHERE key = 'k-too-big'"),
         0
+    );
+}
+
+/// Fails on the version that took any three letters as a currency: `XYZ` was stored, and every
+/// payment then mismatched it.
+#[actix_web::test]
+async fn a_currency_iso_4217_does_not_know_is_refused_naming_the_field() {
+    let app = spawn_api().await;
+    let body = r#"{"amount": 1500, "currency": "XYZ", "provider": "stripe"}"#;
+    let reply = create(&app, SHOP, "k-xyz", body).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert_eq!(reply.content_type, "application/problem+json");
+    assert_eq!(
+        reply.json()["detail"],
+        "currency: `XYZ` is not an ISO 4217 currency code (such as usd, IDR, JPY)"
+    );
+    assert_eq!(
+        app.texts("SELECT order_id FROM orders"),
+        Vec::<String>::new()
+    );
+    let fixed = r#"{"amount": 1500, "currency": "xts", "provider": "stripe"}"#;
+    assert_eq!(create(&app, SHOP, "k-xyz", fixed).await.status, 201);
+}
+
+/// Fails on the version whose answer was serde's "invalid type: floating point `15.5`,
+/// expected i64".
+#[actix_web::test]
+async fn a_fractional_amount_is_told_that_amounts_are_integers_in_minor_units() {
+    let app = spawn_api().await;
+    for amount in ["15.5", "\"1500\""] {
+        let body = format!(r#"{{"amount": {amount}, "currency": "usd", "provider": "stripe"}}"#);
+        let reply = create(&app, SHOP, "k-float", &body).await;
+        assert_eq!(reply.status, 400, "{}", reply.body);
+        let detail = reply.json()["detail"].as_str().unwrap().to_owned();
+        assert!(
+            detail.starts_with(&format!("amount: {amount} is not an integer"))
+                && detail.contains("integers in the currency's minor units (1500 for $15.00"),
+            "{detail}"
+        );
+    }
+}
+
+/// Fails on the version whose 201 had no `Location`.
+#[actix_web::test]
+async fn a_created_order_says_where_it_is_read_and_its_replay_says_the_same() {
+    let app = spawn_api().await;
+    let body =
+        r#"{"order_id": "ord:7.a", "amount": 1500, "currency": "usd", "provider": "stripe"}"#;
+    let first = create(&app, SHOP, "k-loc", body).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert_eq!(first.location.as_deref(), Some("/orders/ord%3A7.a"));
+    let generated = create(
+        &app,
+        SHOP,
+        "k-loc-2",
+        r#"{"amount": 1500, "currency": "usd", "provider": "stripe"}"#,
+    )
+    .await;
+    let id = generated.json()["order_id"].as_str().unwrap().to_owned();
+    assert_eq!(generated.location, Some(format!("/orders/{id}")));
+    let replay = create(
+        &app,
+        SHOP,
+        "k-loc-2",
+        r#"{"amount": 1500, "currency": "usd", "provider": "stripe"}"#,
+    )
+    .await;
+    assert!(replay.replayed);
+    assert_eq!(replay.location, Some(format!("/orders/{id}")));
+    let read = send(
+        &app,
+        "GET",
+        &format!("/orders/{id}"),
+        Some(SHOP),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(read.status, 200);
+}
+
+/// Fails on the version whose answer was "unknown order status `bogus`" alone.
+#[actix_web::test]
+async fn an_unknown_status_filter_lists_the_valid_statuses() {
+    let app = spawn_api().await;
+    let reply = send(&app, "GET", "/orders?status=bogus", Some(SHOP), None, None).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.content_type, "application/problem+json");
+    assert_eq!(
+        reply.json()["detail"],
+        "status: unknown order status `bogus`; it is one of pending, paid, failed, cancelled, \
+         expired, partially_refunded, refunded, disputed, needs_review"
+    );
+}
+
+/// Fails on the version that answered these with sekali's webhook JSON (`{"error": …}`), not
+/// problem+json.
+#[actix_web::test]
+async fn every_error_under_orders_is_problem_json() {
+    let app = spawn_api().await;
+    for (method, path, status, allow) in [
+        ("DELETE", "/orders", 405, Some("GET, HEAD, POST")),
+        ("PUT", "/orders/ord_1", 405, Some("GET, HEAD")),
+        ("GET", "/orders/ord_1/refund", 404, None),
+        ("GET", "/orders/", 404, None),
+        ("GET", "/orders?limit=many", 400, None),
+        ("GET", "/orders?colour=red", 400, None),
+    ] {
+        let reply = send(&app, method, path, Some(SHOP), None, None).await;
+        assert_eq!(
+            (reply.status, reply.content_type.as_str()),
+            (status, "application/problem+json"),
+            "{method} {path}: {}",
+            reply.body
+        );
+        assert_eq!(reply.json()["status"], status, "{method} {path}");
+        assert_eq!(reply.allow.as_deref(), allow, "{method} {path}");
+    }
+    // A webhook path keeps its own JSON.
+    let webhook = send(&app, "GET", "/webhooks/stripe", None, None, None).await;
+    assert_eq!(
+        (webhook.status, webhook.content_type.as_str()),
+        (405, "application/json")
+    );
+}
+
+/// Fails on the version whose list came through `json!`, whose map sorts keys: an order in a
+/// page listed its fields alphabetically, and one read alone in declaration order.
+#[actix_web::test]
+async fn an_order_lists_its_fields_in_the_same_order_alone_and_in_a_page() {
+    let app = spawn_api().await;
+    create(&app, SHOP, "k-order", ORDER).await;
+    let keys = |text: &str, prefix: &str| -> Vec<String> {
+        // The keys of the first object after `prefix`, in the order they were sent.
+        let start = text.find(prefix).unwrap() + prefix.len();
+        let value: serde_json::Value = serde_json::Deserializer::from_str(&text[start..])
+            .into_iter()
+            .next()
+            .unwrap()
+            .unwrap();
+        let mut found: Vec<(usize, String)> = value
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| (text[start..].find(&format!("\"{k}\":")).unwrap(), k.clone()))
+            .collect();
+        found.sort();
+        found.into_iter().map(|(_, k)| k).collect()
+    };
+    let one = send(&app, "GET", "/orders/ord_api_1", Some(SHOP), None, None).await;
+    let page = send(&app, "GET", "/orders", Some(SHOP), None, None).await;
+    let mut alone = keys(&one.body, "");
+    assert_eq!(alone.pop().as_deref(), Some("history"), "{}", one.body);
+    assert_eq!(keys(&page.body, "\"orders\":["), alone, "{}", page.body);
+    assert_eq!(&alone[..3], ["order_id", "status", "provider"]);
+}
+
+/// Fails on the version that fingerprinted the raw path: `/%6frders` is routed as `/orders`, and
+/// the same key and body sent to each got 422.
+#[actix_web::test]
+async fn the_same_key_and_body_to_one_route_spelled_two_ways_is_one_request() {
+    let app = spawn_api().await;
+    let first = send(
+        &app,
+        "POST",
+        "/%6frders",
+        Some(SHOP),
+        Some("k-spelled"),
+        Some(ORDER),
+    )
+    .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let second = create(&app, SHOP, "k-spelled", ORDER).await;
+    assert_eq!(
+        (second.status, second.replayed),
+        (201, true),
+        "{}",
+        second.body
+    );
+    assert_eq!(second.body, first.body);
+}
+
+/// An order read alone shows its history, and what was paid when it differs from what the
+/// shop asked for. Fails on the version that showed neither.
+#[actix_web::test]
+async fn an_order_read_alone_shows_what_was_paid_and_its_history() {
+    let app = spawn_api().await;
+    let body =
+        r#"{"order_id": "ord_1001", "amount": 3000, "currency": "usd", "provider": "stripe"}"#;
+    create(&app, SHOP, "k-hist", body).await;
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded")
+            .await
+            .outcome(),
+        "amount_mismatch"
+    );
+    let order = send(&app, "GET", "/orders/ord_1001", Some(SHOP), None, None)
+        .await
+        .json();
+    assert_eq!(
+        (order["amount"].as_i64(), order["paid_amount"].as_i64()),
+        (Some(3000), Some(2500))
+    );
+    assert_eq!(order["paid_currency"], "usd");
+    let history: Vec<(String, String, String, String)> = order["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            let text = |k: &str| h[k].as_str().unwrap_or("-").to_owned();
+            (
+                text("from_status"),
+                text("to_status"),
+                text("provider"),
+                text("event_id"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        history,
+        [
+            (
+                "-".into(),
+                "pending".into(),
+                "api".into(),
+                "api:shop".into()
+            ),
+            (
+                "pending".into(),
+                "needs_review".into(),
+                "stripe".into(),
+                "evt_1QA0002succeeded000001".into()
+            ),
+        ]
+    );
+    assert!(order["history"][0]["changed_at"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+    // A matching payment shows no separate paid amount.
+    create(
+        &app,
+        SHOP,
+        "k-hist-2",
+        r#"{"order_id": "ORDER-2001", "amount": 15000000, "currency": "idr", "provider": "midtrans"}"#,
+    )
+    .await;
+    app.deliver_midtrans("settlement").await;
+    let paid = send(&app, "GET", "/orders/ORDER-2001", Some(SHOP), None, None)
+        .await
+        .json();
+    assert_eq!(paid["status"], "paid");
+    assert!(paid.get("paid_amount").is_none(), "{paid}");
+}
+
+/// The shop's own address is where the customer's emails go: a webhook reporting the payer's
+/// address does not overwrite it, and the payer's stays visible. Fails on the version where the
+/// newest address won, so the receipt went to the payer's.
+#[actix_web::test]
+async fn a_webhook_does_not_overwrite_the_shops_customer_email() {
+    let app = spawn_api().await;
+    let body = r#"{"order_id": "ord_1001", "amount": 2500, "currency": "usd", "provider": "stripe", "customer_email": "buyer@shop.example"}"#;
+    create(&app, SHOP, "k-mail", body).await;
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded")
+            .await
+            .outcome(),
+        "processed"
+    );
+    let order = send(&app, "GET", "/orders/ord_1001", Some(SHOP), None, None)
+        .await
+        .json();
+    assert_eq!(
+        (
+            order["customer_email"].as_str(),
+            order["payer_email"].as_str()
+        ),
+        (Some("buyer@shop.example"), Some("ana@example.com"))
+    );
+    assert_eq!(
+        app.texts("SELECT recipient FROM email_outbox WHERE order_id = 'ord_1001'"),
+        ["buyer@shop.example"]
+    );
+    // An order first seen in a webhook takes the payer's address.
+    app.deliver_stripe("payment_intent.payment_failed").await;
+    assert_eq!(
+        app.texts(
+            "SELECT customer_email || ' ' || payer_email FROM orders WHERE order_id = 'ord_1002'"
+        ),
+        ["citra@example.com citra@example.com"]
+    );
+}
+
+/// `sekali orders set-status` with `args` on `app`'s database: its exit status, stdout and
+/// stderr.
+fn set_status(app: &TestApp, args: &[&str], env_user: Option<&str>) -> (bool, String, String) {
+    let mut command = Command::new(sekali_bin());
+    command
+        .args(["orders", "set-status"])
+        .args(args)
+        .arg("--db")
+        .arg(&app.db_path);
+    if let Some(user) = env_user {
+        command
+            .env_remove("SUDO_USER")
+            .env("USER", user)
+            .env("LOGNAME", user);
+    }
+    let output = command.output().unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// An operator's change needs a reason, is recorded with who made it (`--by`, else the OS
+/// user) and why, and a change to the status the order has is refused. Fails on the version that
+/// took no reason, recorded no one, and "changed" paid to paid.
+#[actix_web::test]
+async fn an_operators_change_needs_a_reason_and_records_who_and_why() {
+    let app = spawn_api().await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+
+    let (ok, _, stderr) = set_status(&app, &["ord_1001", "refunded"], None);
+    assert!(!ok);
+    assert!(stderr.contains("--reason <REASON>"), "{stderr}");
+    let (ok, _, stderr) = set_status(&app, &["ord_1001", "paid", "--reason", "again"], None);
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "error: order ord_1001 is paid already; nothing was changed\n"
+    );
+    let (ok, stdout, stderr) = set_status(
+        &app,
+        &[
+            "ord_1001",
+            "refunded",
+            "--reason",
+            "refunded in cash at the shop",
+        ],
+        Some("budi"),
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, "order ord_1001: paid -> refunded (by budi)\n");
+    let (ok, _, stderr) = set_status(
+        &app,
+        &[
+            "ord_1001",
+            "needs_review",
+            "--reason",
+            "the bank says otherwise",
+            "--by",
+            "ana",
+        ],
+        Some("budi"),
+    );
+    assert!(ok, "{stderr}");
+
+    let history = send(&app, "GET", "/orders/ord_1001", Some(SHOP), None, None)
+        .await
+        .json()["history"]
+        .clone();
+    let operators: Vec<(String, String, String)> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["provider"] == "operator")
+        .map(|h| {
+            let text = |k: &str| h[k].as_str().unwrap().to_owned();
+            (text("to_status"), text("actor"), text("reason"))
+        })
+        .collect();
+    assert_eq!(
+        operators,
+        [
+            (
+                "refunded".into(),
+                "budi".into(),
+                "refunded in cash at the shop".into()
+            ),
+            (
+                "needs_review".into(),
+                "ana".into(),
+                "the bank says otherwise".into()
+            ),
+        ]
+    );
+    assert_eq!(
+        app.texts("SELECT actor || ': ' || reason FROM order_transitions WHERE provider = 'operator' ORDER BY id"),
+        ["budi: refunded in cash at the shop", "ana: the bank says otherwise"]
     );
 }

@@ -636,6 +636,7 @@ async fn a_receipt_after_an_operator_settles_a_mismatch_shows_what_the_customer_
     let output = Command::new(sekali_bin())
         .args(["orders", "set-status", "ORDER-2001", "paid", "--db"])
         .arg(&app.db_path)
+        .args(["--reason", "the shortfall was paid at the counter"])
         .output()
         .unwrap();
     assert!(output.status.success(), "{output:?}");

@@ -308,6 +308,58 @@ async fn a_version_4_database_loses_its_provider_checks_and_its_parked_events_st
     app.stop().await;
 }
 
+/// Version 5 kept one address per order, which a webhook overwrote, and transitions without
+/// who or why. Version 6 adds the payer's address apart from the shop's (a webhook order's
+/// address was its payer's, and is copied there), and the transitions' actor and reason.
+#[actix_web::test]
+async fn a_version_5_database_gains_the_payers_address_and_the_transitions_author() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v5.db");
+    let conn = Connection::open(&db).unwrap();
+    conn.execute_batch(include_str!("../../fixtures/schema-v5.sql"))
+        .unwrap();
+    conn.execute_batch(
+        "PRAGMA user_version = 5;
+         INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
+                             customer_email, created_at, updated_at, last_event_id, source)
+         VALUES ('ord_web', 'stripe', 'paid', 2500, 0, 'usd', 'payer@example.com',
+                 '2026-11-01T10:00:00Z', '2026-11-01T10:00:00Z', 'evt_1', 'webhook'),
+                ('ord_api', 'stripe', 'pending', 2500, 0, 'usd', 'shop@example.com',
+                 '2026-11-01T10:00:00Z', '2026-11-01T10:00:00Z', 'api:shop', 'api');
+         INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount,
+                                        provider, event_id, changed_at)
+         VALUES ('ord_web', NULL, 'paid', 0, 'stripe', 'evt_1', '2026-11-01T10:00:00Z');",
+    )
+    .unwrap();
+    drop(conn);
+
+    let v5_db = db.clone();
+    let app = spawn_app_with(move |settings| settings.db_path = v5_db).await;
+    assert_eq!(user_version(&db), SCHEMA_VERSION);
+    assert_eq!(
+        app.texts("SELECT order_id || ' ' || customer_email || ' ' || coalesce(payer_email, '-') FROM orders ORDER BY order_id"),
+        ["ord_api shop@example.com -", "ord_web payer@example.com payer@example.com"]
+    );
+    assert_eq!(
+        app.texts(
+            "SELECT coalesce(actor, '-') || ' ' || coalesce(reason, '-') FROM order_transitions"
+        ),
+        ["- -"]
+    );
+    // The new columns are written from now on.
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded")
+            .await
+            .outcome(),
+        "processed"
+    );
+    assert_eq!(
+        app.texts("SELECT payer_email FROM orders WHERE order_id = 'ord_1001'"),
+        ["ana@example.com"]
+    );
+    app.stop().await;
+}
+
 #[actix_web::test]
 async fn a_new_database_starts_at_the_current_version() {
     let app = spawn_app().await;

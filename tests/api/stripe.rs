@@ -305,7 +305,12 @@ async fn another_method_on_a_served_path_gets_405_with_allow_and_an_unknown_path
             "{method} {path}"
         );
         let body: serde_json::Value = response.json().await.unwrap();
-        assert_eq!(body["error"], format!("method not allowed; use {allow}"));
+        if path.starts_with("/orders") {
+            // The orders API answers every error as a problem (orders.rs).
+            assert_eq!(body["detail"], format!("this path takes {allow}"));
+        } else {
+            assert_eq!(body["error"], format!("method not allowed; use {allow}"));
+        }
     }
     let head = send(Method::HEAD, "/healthz").await.unwrap();
     assert_eq!(

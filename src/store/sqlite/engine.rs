@@ -13,7 +13,8 @@ use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
     BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventSummary, IdempotentOutcome,
-    OrderView, OutboxRow, Purged, RunCounts, SendResult, SetStatusError, StoreStats,
+    OperatorChange, OrderView, OutboxRow, Purged, RunCounts, SendResult, SetStatusError,
+    StoreStats,
 };
 use crate::store::{CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError};
 
@@ -179,10 +180,10 @@ impl Maintenance for SqliteMaintenance {
     fn set_status_by_operator(
         &self,
         order_id: &str,
-        status: OrderStatus,
+        change: &OperatorChange,
         now_unix: i64,
     ) -> Result<OrderStatus, SetStatusError> {
-        orders::set_status_by_operator(&self.conn, order_id, status, now_unix)
+        orders::set_status_by_operator(&self.conn, order_id, change, now_unix)
     }
 
     fn purge_all_expired(&self, now_unix: i64, batch: usize) -> Result<Purged, StoreError> {

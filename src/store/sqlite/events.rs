@@ -180,7 +180,8 @@ pub(crate) fn load_order(
     let row = db
         .prepare(
             "SELECT status, provider, amount, refunded_amount, currency, customer_email,
-                    payment_intent_id, source = 'api', paid_amount, paid_currency, amount_exponent
+                    payment_intent_id, source = 'api', paid_amount, paid_currency, amount_exponent,
+                    payer_email
              FROM orders WHERE order_id = ?1",
         )?
         .query_row([order_id], |row| {
@@ -203,6 +204,7 @@ pub(crate) fn load_order(
                 refunded_amount: row.get(3)?,
                 currency: row.get(4)?,
                 customer_email: row.get(5)?,
+                payer_email: row.get(11)?,
                 payment_ref: row.get(6)?,
                 paid_amount: row.get(8)?,
                 paid_currency: row.get(9)?,
@@ -251,7 +253,8 @@ fn apply_change(
             if current.as_ref() != Some(&next) {
                 db.prepare(
                     "UPDATE orders SET amount = ?2, currency = ?3, customer_email = ?4,
-                                       payment_intent_id = ?5, amount_exponent = ?6
+                                       payment_intent_id = ?5, amount_exponent = ?6,
+                                       payer_email = ?7
                      WHERE order_id = ?1",
                 )?
                 .execute(params![
@@ -260,7 +263,8 @@ fn apply_change(
                     next.currency,
                     next.customer_email,
                     next.payment_ref,
-                    next.exponent
+                    next.exponent,
+                    next.payer_email,
                 ])?;
             }
         }
@@ -288,15 +292,15 @@ fn save_change(
     db.prepare(
         "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
                              customer_email, payment_intent_id, created_at, updated_at, last_event_id,
-                             paid_amount, paid_currency, amount_exponent)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13)
+                             paid_amount, paid_currency, amount_exponent, payer_email)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14)
          ON CONFLICT (order_id) DO UPDATE SET
              status = excluded.status, amount = excluded.amount,
              refunded_amount = excluded.refunded_amount, currency = excluded.currency,
              customer_email = excluded.customer_email, payment_intent_id = excluded.payment_intent_id,
              updated_at = excluded.updated_at, last_event_id = excluded.last_event_id,
              paid_amount = excluded.paid_amount, paid_currency = excluded.paid_currency,
-             amount_exponent = excluded.amount_exponent",
+             amount_exponent = excluded.amount_exponent, payer_email = excluded.payer_email",
     )?
     .execute(params![
         order_id,
@@ -312,11 +316,11 @@ fn save_change(
         state.paid_amount,
         state.paid_currency,
         state.exponent,
+        state.payer_email,
     ])?;
     record_change(
         db,
-        event.provider.as_str(),
-        &event.event_id,
+        &ChangedBy::event(event.provider.as_str(), &event.event_id),
         order_id,
         from,
         state,
@@ -324,26 +328,48 @@ fn save_change(
     )
 }
 
+/// Who made a change, as the audit trail records it (`order_transitions.provider`, `event_id`,
+/// `actor`, `reason`).
+pub(crate) struct ChangedBy<'a> {
+    /// A provider's name, `api` or `operator`.
+    pub provider: &'a str,
+    pub event_id: &'a str,
+    /// The operator's or the API client's name.
+    pub actor: Option<&'a str>,
+    /// The operator's reason.
+    pub reason: Option<&'a str>,
+}
+
+impl<'a> ChangedBy<'a> {
+    /// A provider's event.
+    pub fn event(provider: &'a str, event_id: &'a str) -> Self {
+        ChangedBy {
+            provider,
+            event_id,
+            actor: None,
+            reason: None,
+        }
+    }
+}
+
 /// The effects of a status change: its row in the audit trail and the customer notice the new
 /// status carries. Called exactly where an order's status or refund changes.
 pub(crate) fn record_change(
     db: &mut Statements<'_>,
-    provider: &str,
-    event_id: &str,
+    by: &ChangedBy<'_>,
     order_id: &str,
     from: Option<OrderStatus>,
     to: &OrderState,
     now: &str,
 ) -> rusqlite::Result<()> {
-    record_transition(db, provider, event_id, order_id, from, to, now)?;
-    queue_notice(db, provider, event_id, order_id, to, now)
+    record_transition(db, by, order_id, from, to, now)?;
+    queue_notice(db, by.provider, by.event_id, order_id, to, now)
 }
 
 /// Appends to the audit trail.
 fn record_transition(
     db: &mut Statements<'_>,
-    provider: &str,
-    event_id: &str,
+    by: &ChangedBy<'_>,
     order_id: &str,
     from: Option<OrderStatus>,
     to: &OrderState,
@@ -351,17 +377,19 @@ fn record_transition(
 ) -> rusqlite::Result<()> {
     db.prepare(
         "INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount, provider,
-                                        event_id, changed_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                                        event_id, changed_at, actor, reason)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?
     .execute(params![
         order_id,
         from.map(OrderStatus::as_str),
         to.status.as_str(),
         to.refunded_amount,
-        provider,
-        event_id,
-        now
+        by.provider,
+        by.event_id,
+        now,
+        by.actor,
+        by.reason,
     ])?;
     Ok(())
 }

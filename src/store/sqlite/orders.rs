@@ -2,41 +2,78 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::events::{load_order, record_change};
+use super::events::{load_order, record_change, ChangedBy};
 use super::statements::Statements;
 use super::StoreError;
 use crate::clock::iso_seconds;
 use crate::domain::OrderStatus;
-use crate::store::model::{NewOrder, OrderView, SetStatusError};
+use crate::store::model::{NewOrder, OperatorChange, OrderView, SetStatusError, Transition};
 
-const VIEW_COLUMNS: &str =
-    "order_id, status, provider, amount, refunded_amount, currency, customer_email, \
-                            metadata, source, payment_intent_id, created_at, updated_at";
+const VIEW_COLUMNS: &str = "order_id, status, provider, amount, refunded_amount, currency, \
+     customer_email, metadata, source, payment_intent_id, created_at, updated_at, paid_amount, \
+     paid_currency, payer_email";
 
 fn view(row: &rusqlite::Row<'_>) -> rusqlite::Result<OrderView> {
     let metadata: Option<String> = row.get(7)?;
+    let amount: Option<i64> = row.get(3)?;
+    let currency: Option<String> = row.get(5)?;
+    let (paid_amount, paid_currency) =
+        OrderView::paid_if_different(amount, currency.as_deref(), row.get(12)?, row.get(13)?);
     Ok(OrderView {
         order_id: row.get(0)?,
         status: row.get(1)?,
         provider: row.get(2)?,
-        amount: row.get(3)?,
+        amount,
         refunded_amount: row.get(4)?,
-        currency: row.get(5)?,
+        currency,
+        paid_amount,
+        paid_currency,
         customer_email: row.get(6)?,
+        payer_email: row.get(14)?,
         metadata: metadata.and_then(|m| serde_json::from_str(&m).ok()),
         source: row.get(8)?,
         payment_intent_id: row.get(9)?,
         created_at: row.get(10)?,
         updated_at: row.get(11)?,
+        history: None,
     })
 }
 
+/// One order with its history.
 pub fn get_order(conn: &Connection, order_id: &str) -> rusqlite::Result<Option<OrderView>> {
-    conn.prepare_cached(&format!(
-        "SELECT {VIEW_COLUMNS} FROM orders WHERE order_id = ?1"
-    ))?
-    .query_row([order_id], view)
-    .optional()
+    let Some(mut order) = conn
+        .prepare_cached(&format!(
+            "SELECT {VIEW_COLUMNS} FROM orders WHERE order_id = ?1"
+        ))?
+        .query_row([order_id], view)
+        .optional()?
+    else {
+        return Ok(None);
+    };
+    order.history = Some(transitions(conn, order_id)?);
+    Ok(Some(order))
+}
+
+/// Every change of `order_id`'s status, oldest first.
+pub fn transitions(conn: &Connection, order_id: &str) -> rusqlite::Result<Vec<Transition>> {
+    conn.prepare_cached(
+        "SELECT changed_at, from_status, to_status, refunded_amount, provider, event_id, actor,
+                reason
+         FROM order_transitions WHERE order_id = ?1 ORDER BY id",
+    )?
+    .query_map([order_id], |row| {
+        Ok(Transition {
+            changed_at: row.get(0)?,
+            from_status: row.get(1)?,
+            to_status: row.get(2)?,
+            refunded_amount: row.get(3)?,
+            provider: row.get(4)?,
+            event_id: row.get(5)?,
+            actor: row.get(6)?,
+            reason: row.get(7)?,
+        })
+    })?
+    .collect()
 }
 
 /// Orders by id, after the cursor `after`, optionally of one status.
@@ -90,16 +127,23 @@ pub fn insert_api_order(
     let db = &mut Statements::new(conn);
     let state = load_order(db, &order.order_id)?.expect("the order was just inserted");
     // Created in pending, which carries no notice: this records the transition only.
-    record_change(db, "api", &origin, &order.order_id, None, &state, &now)?;
+    let by = ChangedBy {
+        provider: "api",
+        event_id: &origin,
+        actor: Some(client),
+        reason: None,
+    };
+    record_change(db, &by, &order.order_id, None, &state, &now)?;
     Ok(get_order(conn, &order.order_id)?)
 }
 
-/// The operator's override (`sekali orders set-status`): any status, recorded as a transition by
-/// `operator`, with the customer notice the new status carries. Returns the previous status.
+/// The operator's override (`sekali orders set-status`): any status but the one the order has,
+/// recorded as a transition by `operator` with the operator's name and reason, with the customer
+/// notice the new status carries. Returns the previous status.
 pub fn set_status_by_operator(
     conn: &Connection,
     order_id: &str,
-    status: OrderStatus,
+    change: &OperatorChange,
     now_unix: i64,
 ) -> Result<OrderStatus, SetStatusError> {
     let now = iso_seconds(now_unix);
@@ -110,22 +154,25 @@ pub fn set_status_by_operator(
         let mut state = load_order(db, order_id)?
             .ok_or_else(|| SetStatusError::NoSuchOrder(order_id.into()))?;
         let previous = state.status;
-        state.status = status;
+        if previous == change.status {
+            return Err(SetStatusError::Unchanged {
+                order_id: order_id.into(),
+                status: previous,
+            });
+        }
+        state.status = change.status;
         conn.execute(
             "UPDATE orders SET status = ?2, updated_at = ?3, last_event_id = 'operator' WHERE order_id = ?1",
-            params![order_id, status.as_str(), now],
+            params![order_id, change.status.as_str(), now],
         )
         .map_err(StoreError::from)?;
-        record_change(
-            db,
-            "operator",
-            "operator",
-            order_id,
-            Some(previous),
-            &state,
-            &now,
-        )
-        .map_err(StoreError::from)?;
+        let by = ChangedBy {
+            provider: "operator",
+            event_id: "operator",
+            actor: Some(&change.operator),
+            reason: Some(&change.reason),
+        };
+        record_change(db, &by, order_id, Some(previous), &state, &now).map_err(StoreError::from)?;
         Ok(previous)
     })();
     match result {

@@ -19,16 +19,21 @@
 //!    event, normalised, so that it is applied without its provider) are added in place; parked
 //!    rows written before are given their normalised event at startup
 //!    ([`super::events::convert_legacy_parked`]).
+//! 6. `orders.payer_email` (the payer's address as the provider reported it, apart from the
+//!    shop's `customer_email`), `order_transitions.actor` and `.reason` (who made an operator's or
+//!    the API's change, and the operator's reason), and the index of an order's transitions; all
+//!    added in place. Orders first seen in a webhook get their `customer_email` as their payer's
+//!    address, where it came from.
 
 use rusqlite::{Connection, OptionalExtension};
 
 use super::StoreError;
 
-/// The text of `schema.sql`: version 5.
+/// The text of `schema.sql`: version 6.
 pub const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// CHECK constraints rewritten in place, in order: (the version whose text `new` is, table, the
 /// text before it, `new`). Each new text accepts every value the old one did, so no stored row
@@ -125,6 +130,16 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
                     "ALTER TABLE orders ADD COLUMN amount_exponent INTEGER;
                      ALTER TABLE processed_events ADD COLUMN parked_event TEXT;",
                 )?;
+            }
+            if version < 6 {
+                conn.execute_batch(
+                    "ALTER TABLE orders ADD COLUMN payer_email TEXT;
+                     ALTER TABLE order_transitions ADD COLUMN actor TEXT;
+                     ALTER TABLE order_transitions ADD COLUMN reason TEXT;
+                     UPDATE orders SET payer_email = customer_email WHERE source = 'webhook';",
+                )?;
+                // The new index.
+                conn.execute_batch(SCHEMA_SQL)?;
             }
         }
         if (1..3).contains(&version) {
@@ -259,6 +274,7 @@ mod tests {
             2 => include_str!("../../../fixtures/schema-v2.sql"),
             3 => include_str!("../../../fixtures/schema-v3.sql"),
             4 => include_str!("../../../fixtures/schema-v4.sql"),
+            5 => include_str!("../../../fixtures/schema-v5.sql"),
             _ => SCHEMA_SQL,
         };
         for (version, table, old, new) in CHECK_REWRITES {
