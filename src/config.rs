@@ -17,6 +17,9 @@ pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 360
 /// 1 MiB: a Stripe event is a few kilobytes; anything near this is not a webhook.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
+/// A webhook is a few kilobytes, sent at once; 10 s is generous for a slow link and short enough
+/// that a connection holding a body back is soon given up.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_BATCH_MAX: usize = 256;
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 
@@ -115,6 +118,9 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// A client must send its request head within this time, else 408 (slow-header defence).
     pub client_request_timeout: Duration,
+    /// A request's body must arrive within this time once its head has, else 408 and the
+    /// connection is closed (a body that stalls, or trickles in).
+    pub body_timeout: Duration,
     /// How long an Idempotency-Key and its stored response are kept.
     pub idempotency_retention: Duration,
     /// Cap on the database size in pages (see [`crate::store::sqlite::WriterConfig::max_page_count`]).
@@ -149,6 +155,7 @@ impl Settings {
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             shutdown_timeout: Duration::from_secs(30),
             client_request_timeout: Duration::from_secs(5),
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             idempotency_retention: DEFAULT_IDEMPOTENCY_RETENTION,
             max_page_count: None,
             relay: None,

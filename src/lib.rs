@@ -22,7 +22,7 @@
 //! - [`startup`]: builds the HTTP server from [`config::Settings`] and opens the store; tests
 //!   build it on port 0.
 //! - [`clock`]: injectable time; [`durable`]: directory syncs; [`open_files`]: the open-file
-//!   limit; [`telemetry`]: logging.
+//!   limit, and [`connections`]: the connections it allows; [`telemetry`]: logging.
 
 #![forbid(unsafe_code)]
 
@@ -40,6 +40,7 @@ pub mod cli;
 pub mod clients;
 pub mod clock;
 pub mod config;
+pub mod connections;
 pub mod domain;
 pub mod durable;
 pub mod jobs;

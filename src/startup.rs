@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::{ConfigError, Settings};
+use crate::connections::ConnectionGauge;
 use crate::jobs::purge::run_purge_job;
 use crate::routes::{self, AppState};
 use crate::store::sqlite::{SqliteStore, WriterConfig};
@@ -65,14 +66,35 @@ fn warn_of_provider_settings(settings: &Settings) {
     }
 }
 
+/// The default sender, `sekali@localhost`, is no address a customer can answer, and receiving
+/// servers refuse or file as spam mail from it: said at startup, as long as it is the sender.
+fn warn_of_the_default_sender(mail: &crate::mail::transport::MailConfig) {
+    if mail.from == crate::mail::transport::DEFAULT_MAIL_FROM {
+        tracing::warn!(
+            "the customer emails' sender is the default {}: set SEKALI_MAIL_FROM to the shop's \
+             address (\"Toko Sari <orders@toko.example>\") before they go to real customers; \
+             mail servers refuse or file as spam mail from it",
+            crate::mail::transport::DEFAULT_MAIL_FROM
+        );
+    }
+}
+
 /// Logs the deliveries refused for a full write queue once a second, and the last ones when
-/// the server stops (after its requests have finished).
-async fn report_refusals(refused: std::sync::Arc<routes::Refused>, shutdown: CancellationToken) {
+/// the server stops (after its requests have finished); and a stretch at the connection limit
+/// once, when it begins and when it ends.
+async fn report_refusals(
+    refused: std::sync::Arc<routes::Refused>,
+    connections: std::sync::Arc<ConnectionGauge>,
+    shutdown: CancellationToken,
+) {
     let mut every_second = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = every_second.tick() => refused.report(),
+            _ = every_second.tick() => {
+                refused.report();
+                connections.report(std::time::Instant::now());
+            }
         }
     }
     refused.report();
@@ -125,8 +147,34 @@ async fn stop_on(
     server.stop(false).await;
 }
 
-/// Connections the kernel queues while every worker is busy (actix's own default is 2,048).
+/// Connections the kernel queues while every worker is busy, or the server holds all the
+/// connections it takes (actix's own default is 2,048).
 const LISTEN_BACKLOG: i32 = 1024;
+
+/// The connections each worker takes (see [`crate::connections`]): what the open-file limit
+/// leaves once the relay's mail batches (two can be open at once) and the reserve are set
+/// aside, a delivery counted twice where a provider's API is asked before it is answered.
+fn connection_limit(settings: &Settings, open_files: u64, workers: usize) -> usize {
+    let mail_files = settings.relay.as_ref().map_or(0, |(relay, _)| {
+        2 * (relay.batch as u64).min(crate::mail::eml::files_per_batch() as u64)
+    });
+    let outbound = settings
+        .providers
+        .iter()
+        .map(|p| p.outbound_connections_per_delivery())
+        .max()
+        .unwrap_or(0);
+    let per_worker =
+        crate::connections::connection_limit(open_files, mail_files, 1 + outbound, workers);
+    if per_worker == crate::connections::MIN_CONNECTIONS_PER_WORKER {
+        tracing::warn!(
+            open_files,
+            "the open-file limit leaves room for few connections: each worker takes {per_worker}; \
+             raise the limit (ulimit -n, LimitNOFILE=) for more"
+        );
+    }
+    per_worker
+}
 
 /// Binds a socket to the first of `address`'s addresses that it can, without listening yet,
 /// trying the next one on any failure, as `TcpListener::bind` does.
@@ -185,6 +233,7 @@ impl Application {
             // Validated first: `check` creates the mail directory.
             relay.validate(mail.uses_http_api())?;
             mail.check()?;
+            warn_of_the_default_sender(mail);
         }
 
         let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(SqliteStore::open(
@@ -208,24 +257,35 @@ impl Application {
             providers: settings.providers.clone(),
             api_tokens: settings.api_tokens.clone(),
             max_body_bytes: settings.max_body_bytes,
+            body_timeout: settings.body_timeout,
             clock,
             store: store.clone(),
             idempotency_retention_secs: settings.idempotency_retention.as_secs() as i64,
             in_flight: Default::default(),
             refused: refused.clone(),
         });
-        let mut server = HttpServer::new(move || {
+        let workers = match settings.workers {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            n => n,
+        };
+        let open_files = crate::open_files::soft_limit();
+        let per_worker = connection_limit(&settings, open_files, workers);
+        let gauge = ConnectionGauge::new(per_worker * workers, open_files);
+        let connections = gauge.clone();
+        let server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
                 .configure(routes::configure)
+        })
+        .workers(workers)
+        .max_connections(per_worker)
+        .on_connect(move |_, extensions| {
+            extensions.insert(connections.opened());
         })
         .shutdown_timeout(settings.shutdown_timeout.as_secs())
         .client_request_timeout(settings.client_request_timeout)
         .listen(listener)
         .map_err(bind_error)?;
-        if settings.workers > 0 {
-            server = server.workers(settings.workers);
-        }
         // actix stops gracefully on SIGTERM but at once on SIGINT, dropping the answers of
         // requests in flight (whose events may be committed). sekali's own handler makes both
         // graceful; see `stop_on_signals`.
@@ -235,7 +295,8 @@ impl Application {
         }
 
         let shutdown = CancellationToken::new();
-        let refusals_log = actix_web::rt::spawn(report_refusals(refused, shutdown.clone()));
+        let refusals_log =
+            actix_web::rt::spawn(report_refusals(refused, gauge.clone(), shutdown.clone()));
         let purge_job = actix_web::rt::spawn(run_purge_job(
             store.clone(),
             settings.purge_interval,
@@ -269,9 +330,11 @@ impl Application {
             %address,
             db = %settings.db_path.display(),
             webhooks = %webhook_urls.join(" "),
-            providers = %described.join("; "),
+            // Absent, not `providers=` with nothing after it, when no provider has a word to say.
+            providers = (!described.is_empty()).then(|| tracing::field::display(described.join("; "))),
             orders_api = !settings.api_tokens.is_empty(),
             relay = relay.is_some(),
+            max_connections = gauge.limit(),
             "sekali is listening; register https://<your host>{} with the provider{}",
             webhook_urls.join(" and https://<your host>"),
             if webhook_urls.len() > 1 { "s" } else { "" }

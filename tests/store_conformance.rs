@@ -1088,6 +1088,7 @@ mod suite {
             t.order("ord_1").await.unwrap(),
             OrderView {
                 customer_email: Some("sari@toko.example".into()),
+                payer_email: Some("sari@toko.example".into()),
                 ..before
             },
             "the address, and nothing else"
@@ -2142,7 +2143,7 @@ mod suite {
     }
 
     /// Settling a mismatched payment as paid queues the receipt, which shows what was paid and
-    /// goes to the order's address.
+    /// goes to the shop's address for the order, not the payer's that the payment reported.
     pub async fn settling_a_review_as_paid_queues_the_receipt_for_what_was_paid(t: Ctx) {
         t.create_api_order(new_order("ord_1")).await;
         let less = paid("evt_1", "ord_1").paid(1000);
@@ -2158,7 +2159,7 @@ mod suite {
         let emails = t.emails("ord_1");
         assert_eq!(emails.len(), 1, "{emails:?}");
         assert_eq!(emails[0].template, "receipt");
-        assert_eq!(emails[0].recipient.as_deref(), Some("sari@toko.example"));
+        assert_eq!(emails[0].recipient.as_deref(), Some("budi@toko.example"));
         assert_eq!(params(&emails[0])["amount"], json!(1000));
         assert_eq!(params(&emails[0])["status"], json!("paid"));
     }

@@ -187,6 +187,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = config::DEFAULT_MAX_BODY_BYTES,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..))]
     pub max_body_bytes: usize,
+    /// How long a request's body may take to arrive once its headers have; a body that stalls
+    /// or trickles past it gets 408 and its connection is closed.
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    pub body_timeout: Duration,
     /// How long Stripe event ids are remembered, longer than Stripe's 30-day resend window
     /// [default: 30d] (the same as --retention stripe=DURATION).
     #[arg(long, value_parser = positive_duration_text)]

@@ -86,6 +86,7 @@ pub(super) fn serve(args: ServeArgs) -> CommandResult {
     settings.require_a_provider()?;
     settings.api_tokens = api_tokens;
     settings.max_body_bytes = args.max_body_bytes;
+    settings.body_timeout = args.body_timeout;
     settings.purge_interval = args.purge_interval;
     settings.batch_max = args.batch_max as usize;
     settings.queue_capacity = args.queue_capacity;

@@ -65,7 +65,7 @@ impl StatusApi {
             percent_encoding::utf8_percent_encode(id, SEGMENT)
         );
         let unreachable = |reason: String| StatusApiError::Unreachable {
-            base_url: self.base_url.clone(),
+            base_url: crate::domain::text::without_userinfo(&self.base_url),
             reason,
         };
         let mut response = client(self.timeout)

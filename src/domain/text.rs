@@ -62,6 +62,29 @@ pub fn third_party_for_log(text: &str) -> String {
     escaped_prefix(&redacted.join(" "), 200)
 }
 
+/// `url` with its userinfo (`user:password@`) replaced by `***@`, for a message that names a
+/// configured URL: `smtp://sekali:s3cret@mail.example:587` is printed
+/// `smtp://***@mail.example:587`. Text that is not a URL is redacted the same way where it
+/// looks like one (`scheme://…@host`), so a malformed setting that carries a password is not
+/// echoed either.
+pub fn without_userinfo(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let authority_start = scheme_end + 3;
+    let authority_end = url[authority_start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |end| authority_start + end);
+    match url[authority_start..authority_end].rfind('@') {
+        Some(at) => format!(
+            "{}***{}",
+            &url[..authority_start],
+            &url[authority_start + at..]
+        ),
+        None => url.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,6 +99,26 @@ mod tests {
         assert_eq!(escaped_prefix("abcdef", 3), "abc…");
         assert_eq!(escaped_prefix("ab\n", 3), "ab\\n");
         assert_eq!(escaped_block("a\n\tb\rc\u{1b}"), "a\n\tb\\rc\\u{1b}");
+    }
+
+    #[test]
+    fn a_urls_userinfo_is_never_printed() {
+        for (url, printed) in [
+            ("ftp://user:PASSW0RD@host/x", "ftp://***@host/x"),
+            (
+                "smtps://a%40b:p@ss@mail.example:465",
+                "smtps://***@mail.example:465",
+            ),
+            (
+                "https://api.example/v1?to=a@b.example",
+                "https://api.example/v1?to=a@b.example",
+            ),
+            ("https://key@api.example", "https://***@api.example"),
+            ("not a url", "not a url"),
+            ("http://host", "http://host"),
+        ] {
+            assert_eq!(without_userinfo(url), printed, "{url}");
+        }
     }
 
     #[test]

@@ -272,7 +272,8 @@ pub async fn run_relay(
     tracing::info!(
         owner = %config.owner,
         transport = transport.kind(),
-        mail_dir = %transport.mail_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+        // Absent (not `mail_dir=` with nothing after it) for SMTP and the email API.
+        mail_dir = transport.mail_dir().map(|d| tracing::field::display(d.display())),
         writes = queue.writes,
         batch,
         "outbox relay started"

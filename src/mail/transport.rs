@@ -16,6 +16,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use super::eml::{self, DirSync};
 use super::RenderedEmail;
+use crate::domain::text::without_userinfo;
 
 pub const ENV_SMTP_URL: &str = "SEKALI_SMTP_URL";
 pub const ENV_MAIL_API_URL: &str = "SEKALI_MAIL_API_URL";
@@ -149,7 +150,8 @@ impl MailConfig {
             if !parsed.is_some_and(|u| {
                 matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
             }) {
-                return Err(TransportError::ApiUrl(url.clone()));
+                // Never the password a URL may carry.
+                return Err(TransportError::ApiUrl(without_userinfo(url)));
             }
             self.http_api_key
                 .as_ref()

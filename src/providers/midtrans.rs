@@ -50,6 +50,7 @@ use super::{
 };
 use crate::clients::midtrans_status::{self, StatusApi};
 use crate::domain::money::{iso_exponent, parse_decimal_minor_units};
+use crate::domain::text::without_userinfo;
 use crate::domain::{
     EmailAddress, NormalizedEvent, OrderRef, OrderStatus, ProviderName, StatusChange,
 };
@@ -152,7 +153,8 @@ fn http_url(text: &str) -> Result<String, String> {
             Ok(text.trim_end_matches('/').to_owned())
         }
         _ => Err(format!(
-            "the Midtrans status API URL `{text}` is not an http:// or https:// URL such as https://api.midtrans.com"
+            "the Midtrans status API URL `{}` is not an http:// or https:// URL such as https://api.midtrans.com",
+            without_userinfo(text)
         )),
     }
 }
@@ -247,9 +249,13 @@ impl Provider for Midtrans {
 
     fn describe(&self) -> String {
         match &self.status_api {
-            Some(api) => format!("status check on, {}", api.base_url),
+            Some(api) => format!("status check on, {}", without_userinfo(&api.base_url)),
             None => "status check off".into(),
         }
+    }
+
+    fn outbound_connections_per_delivery(&self) -> u64 {
+        u64::from(self.status_api.is_some())
     }
 }
 

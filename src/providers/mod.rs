@@ -134,6 +134,13 @@ pub trait Provider: Send + Sync {
     fn describe(&self) -> String {
         String::new()
     }
+
+    /// Connections a delivery opens to the provider's own API while it is verified (Midtrans's
+    /// status check: one): files it holds open beside its own connection, which the server's
+    /// connection limit counts.
+    fn outbound_connections_per_delivery(&self) -> u64 {
+        0
+    }
 }
 
 /// Where a provider's settings come from: the environment, and the command line's generic

@@ -14,6 +14,9 @@ pub enum WebhookError {
     PayloadTooLarge { limit: usize },
     #[error("could not read the request body")]
     BodyRead(#[source] actix_web::Error),
+    /// The body did not arrive in time: 408, and the connection is closed.
+    #[error("the request body did not arrive within {} s", deadline.as_secs_f64())]
+    BodyTimedOut { deadline: std::time::Duration },
     /// The provider refused the delivery; its kind is the status.
     #[error(transparent)]
     Rejected(#[from] Rejection),
@@ -47,6 +50,7 @@ impl ResponseError for WebhookError {
         match self {
             NotConfigured(_) => StatusCode::NOT_FOUND,
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyTimedOut { .. } => StatusCode::REQUEST_TIMEOUT,
             BodyRead(_) => StatusCode::BAD_REQUEST,
             Rejected(rejection) => match rejection.kind {
                 RejectionKind::Malformed => StatusCode::BAD_REQUEST,
@@ -70,7 +74,7 @@ impl ResponseError for WebhookError {
             // The reason is for the log: the sender learns only to come back.
             return response.json(serde_json::json!({ "error": NOT_CONFIRMED }));
         }
-        if let WebhookError::PayloadTooLarge { .. } = self {
+        if let WebhookError::PayloadTooLarge { .. } | WebhookError::BodyTimedOut { .. } = self {
             // The rest of the body is not read: close so the client is not left sending it
             // into a connection that will never be reused.
             response.force_close();

@@ -27,6 +27,8 @@ pub struct AppState {
     /// Bearer tokens of the orders API; empty means it is off (404).
     pub api_tokens: Vec<crate::config::ApiToken>,
     pub max_body_bytes: usize,
+    /// How long a request's body may take to arrive (see [`read_limited_body`]).
+    pub body_timeout: std::time::Duration,
     pub clock: SharedClock,
     /// Where deliveries, API orders and reads go.
     pub store: std::sync::Arc<dyn Store>,
@@ -123,17 +125,27 @@ fn method_not_allowed(allow: &'static str) -> HttpResponse {
 
 /// Why a request body was not read.
 pub(crate) enum BodyError {
-    TooLarge { limit: usize },
+    TooLarge {
+        limit: usize,
+    },
+    /// The whole body did not arrive within the deadline.
+    TimedOut {
+        deadline: std::time::Duration,
+    },
     Read(actix_web::Error),
 }
 
 /// Reads the whole body, refusing it as soon as it is known to exceed `limit`: from
-/// `Content-Length` before reading anything, or while counting a chunked body. Nothing is
-/// verified or stored before this returns.
+/// `Content-Length` before reading anything, or while counting a chunked body; and giving up on
+/// it once `deadline` has passed, however much has come (a body that stalls, or arrives a byte at
+/// a time, would otherwise hold its connection for as long as the client likes: the head has a
+/// deadline of its own, actix's `client_request_timeout`). Nothing is verified or stored before
+/// this returns.
 pub(crate) async fn read_limited_body(
     req: &actix_web::HttpRequest,
     payload: web::Payload,
     limit: usize,
+    deadline: std::time::Duration,
 ) -> Result<web::Bytes, BodyError> {
     let declared = req
         .headers()
@@ -143,10 +155,11 @@ pub(crate) async fn read_limited_body(
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(BodyError::TooLarge { limit });
     }
-    match payload.to_bytes_limited(limit).await {
-        Ok(Ok(body)) => Ok(body),
-        Ok(Err(e)) => Err(BodyError::Read(e)),
-        Err(_) => Err(BodyError::TooLarge { limit }),
+    match actix_web::rt::time::timeout(deadline, payload.to_bytes_limited(limit)).await {
+        Ok(Ok(Ok(body))) => Ok(body),
+        Ok(Ok(Err(e))) => Err(BodyError::Read(e)),
+        Ok(Err(_)) => Err(BodyError::TooLarge { limit }),
+        Err(_) => Err(BodyError::TimedOut { deadline }),
     }
 }
 

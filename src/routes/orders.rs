@@ -118,10 +118,11 @@ pub async fn create_order(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
-    let body = super::read_limited_body(&req, payload, state.max_body_bytes)
+    let body = super::read_limited_body(&req, payload, state.max_body_bytes, state.body_timeout)
         .await
         .map_err(|e| match e {
             super::BodyError::TooLarge { limit } => Problem::too_large(limit),
+            super::BodyError::TimedOut { deadline } => Problem::body_timed_out(deadline),
             super::BodyError::Read(e) => {
                 Problem::invalid_request(format!("the request body could not be read: {e}"))
             }

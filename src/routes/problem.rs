@@ -155,6 +155,19 @@ impl Problem {
         )
     }
 
+    /// The body did not arrive within `--body-timeout`; the connection is closed.
+    pub fn body_timed_out(deadline: std::time::Duration) -> Self {
+        Self::new(
+            "request-timeout",
+            "Request body timed out",
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s (--body-timeout); nothing was stored",
+                deadline.as_secs_f64()
+            ),
+        )
+    }
+
     pub fn not_found(order_id: &str) -> Self {
         Self::new(
             "not-found",
@@ -212,7 +225,9 @@ impl ResponseError for Problem {
         if let Some(allow) = self.allow {
             response.insert_header((header::ALLOW, allow));
         }
-        if self.status == StatusCode::PAYLOAD_TOO_LARGE.as_u16() {
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE.as_u16()
+            || self.status == StatusCode::REQUEST_TIMEOUT.as_u16()
+        {
             // The rest of the body is not read: close so the client is not left sending it
             // into a connection that will never be reused.
             response.force_close();

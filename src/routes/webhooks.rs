@@ -74,7 +74,7 @@ async fn handle(
     provider: &dyn Provider,
     state: &AppState,
 ) -> Result<Recorded, WebhookError> {
-    let body = read_body(req, payload, state.max_body_bytes).await?;
+    let body = read_body(req, payload, state.max_body_bytes, state.body_timeout).await?;
     let mut event = provider
         .verify(
             &RequestHeaders(req.headers()),
@@ -91,11 +91,13 @@ async fn read_body(
     req: &HttpRequest,
     payload: web::Payload,
     limit: usize,
+    deadline: std::time::Duration,
 ) -> Result<Bytes, WebhookError> {
-    read_limited_body(req, payload, limit)
+    read_limited_body(req, payload, limit, deadline)
         .await
         .map_err(|e| match e {
             BodyError::TooLarge { limit } => WebhookError::PayloadTooLarge { limit },
+            BodyError::TimedOut { deadline } => WebhookError::BodyTimedOut { deadline },
             BodyError::Read(e) => WebhookError::BodyRead(e),
         })
 }

@@ -308,6 +308,8 @@ pub struct ServeProcess {
     child: std::process::Child,
     pub port: u16,
     logs: Option<std::thread::JoinHandle<String>>,
+    /// What the server has logged so far, while it runs.
+    logged: std::sync::Arc<std::sync::Mutex<String>>,
     db: std::path::PathBuf,
     _dir: TempDir,
 }
@@ -344,9 +346,42 @@ impl ServeProcess {
         rust_log: &str,
         args: &[&str],
     ) -> Self {
+        Self::launch(db, env, unset, rust_log, args, None)
+    }
+
+    /// [`ServeProcess::start_with`] under an open-file limit (soft and hard) of `open_files`,
+    /// set by the shell that starts it (`ulimit -n`).
+    #[allow(dead_code)] // by the tests of the connection limit
+    pub fn start_with_open_files(
+        open_files: u64,
+        env: &[(&str, &str)],
+        rust_log: &str,
+        args: &[&str],
+    ) -> Self {
+        Self::launch(None, env, &[], rust_log, args, Some(open_files))
+    }
+
+    fn launch(
+        db: Option<&std::path::Path>,
+        env: &[(&str, &str)],
+        unset: &[&str],
+        rust_log: &str,
+        args: &[&str],
+        open_files: Option<u64>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db = db.map_or_else(|| dir.path().join(SERVE_DB), ToOwned::to_owned);
-        let mut command = std::process::Command::new(sekali_bin());
+        let mut command = match open_files {
+            None => std::process::Command::new(sekali_bin()),
+            Some(limit) => {
+                let mut shell = std::process::Command::new("sh");
+                shell
+                    .arg("-c")
+                    .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+                    .arg(sekali_bin());
+                shell
+            }
+        };
         command
             .args([
                 "serve",
@@ -378,20 +413,25 @@ impl ServeProcess {
         let mut child = command.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let (ports, port) = std::sync::mpsc::channel();
+        let logged = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         // Collects the logs while the server runs, and passes on the port of its listening line.
-        let logs = std::thread::spawn(move || {
-            let mut logs = String::new();
-            let mut stderr = std::io::BufReader::new(stderr);
-            loop {
-                let start = logs.len();
-                if std::io::BufRead::read_line(&mut stderr, &mut logs).unwrap() == 0 {
-                    return logs;
+        let logs = {
+            let logged = logged.clone();
+            std::thread::spawn(move || {
+                let mut logs = String::new();
+                let mut stderr = std::io::BufReader::new(stderr);
+                loop {
+                    let start = logs.len();
+                    if std::io::BufRead::read_line(&mut stderr, &mut logs).unwrap() == 0 {
+                        return logs;
+                    }
+                    logged.lock().unwrap().push_str(&logs[start..]);
+                    if let Some(port) = listening_port(&logs[start..]) {
+                        let _ = ports.send(port);
+                    }
                 }
-                if let Some(port) = listening_port(&logs[start..]) {
-                    let _ = ports.send(port);
-                }
-            }
-        });
+            })
+        };
         let port = match port.recv_timeout(Duration::from_secs(20)) {
             Ok(port) => port,
             // The logs ended without the line: the server exited.
@@ -411,6 +451,7 @@ impl ServeProcess {
             child,
             port,
             logs: Some(logs),
+            logged,
             db,
             _dir: dir,
         }
@@ -418,6 +459,12 @@ impl ServeProcess {
 
     pub fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// What the server has logged so far.
+    #[allow(dead_code)] // by the tests of the connection limit
+    pub fn logs_so_far(&self) -> String {
+        self.logged.lock().unwrap().clone()
     }
 
     pub fn db_path(&self) -> std::path::PathBuf {

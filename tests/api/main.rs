@@ -16,6 +16,8 @@ mod orders;
 mod purge;
 mod relay;
 mod schema;
+mod stalls;
+mod startup;
 mod stripe;
 mod stripe_shapes;
 mod xendit;
