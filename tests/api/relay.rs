@@ -833,7 +833,7 @@ fn start_smtp_sink() -> SmtpSink {
     assert_eq!(
         line.trim(),
         "ready",
-        "the SMTP sink starts (pip install aiosmtpd)"
+        "the SMTP sink starts (aiosmtpd: .ci/test installs it)"
     );
     SmtpSink { child, port, dir }
 }
