@@ -2,9 +2,15 @@
 
 use std::fmt;
 
-/// Displays `text` with every control character escaped (`\u{1b}`, `\r`, `\n`, `\t`), so that
-/// a value a stranger chose cannot move a terminal's cursor, recolour it, or start what looks
-/// like a new log line. Everything else, non-ASCII letters included, is printed as it is.
+/// Displays `text` with every character a terminal would act on or not show escaped, so that a
+/// value a stranger chose cannot move a terminal's cursor, recolour it, start what looks like a
+/// new log line, reorder what is printed after it, or hide inside an id that looks like another:
+///
+/// - control characters (C0, DEL and C1), as Rust writes them (`\u{1b}`, `\r`, `\n`, `\t`);
+/// - the characters of [`is_invisible`] (bidi overrides and isolates, zero-width characters,
+///   U+2028 and U+2029, …), as `\u{202e}`.
+///
+/// Everything else, non-ASCII letters included, is printed as it is.
 pub struct Escaped<'a>(pub &'a str);
 
 impl fmt::Display for Escaped<'_> {
@@ -12,12 +18,55 @@ impl fmt::Display for Escaped<'_> {
         for c in self.0.chars() {
             if c.is_control() {
                 write!(f, "{}", c.escape_debug())?;
+            } else if is_invisible(c) {
+                write!(f, "{}", c.escape_unicode())?;
             } else {
                 f.write_fmt(format_args!("{c}"))?;
             }
         }
         Ok(())
     }
+}
+
+/// True for a character that is not a control character but that a terminal shows as nothing,
+/// or that changes how the text around it is shown:
+///
+/// - every `Default_Ignorable_Code_Point` of Unicode (DerivedCoreProperties.txt), the characters
+///   a renderer draws as nothing: the bidi embeddings, overrides and isolates (U+202A–U+202E,
+///   U+2066–U+2069) and marks (U+200E, U+200F, U+061C), the zero-width space, joiners and word
+///   joiner (U+200B–U+200D, U+2060), the invisible operators (U+2061–U+2064), the BOM / zero-width
+///   no-break space (U+FEFF), the soft hyphen (U+00AD), the Hangul fillers (U+115F, U+1160,
+///   U+3164, U+FFA0), the variation selectors (U+FE00–U+FE0F, U+E0100–U+E01EF) and the tags
+///   (U+E0000–U+E007F), with the code points Unicode keeps unassigned among them so that what it
+///   assigns there later stays invisible too;
+/// - the line and paragraph separators (U+2028, U+2029), which some terminals and most text
+///   tools take for a line break;
+/// - the interlinear annotation characters (U+FFF9–U+FFFB), format characters that most
+///   renderers show as nothing.
+///
+/// An emoji sequence with a zero-width joiner or a variation selector is shown with them
+/// escaped: ids are the text this protects, and an id with an emoji is rare and better seen.
+pub fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{034F}'
+            | '\u{061C}'
+            | '\u{115F}'..='\u{1160}'
+            | '\u{17B4}'..='\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF0}'..='\u{FFFB}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E0FFF}'
+    )
 }
 
 /// Like [`Escaped`], but keeps line breaks and tabs: for a block of text printed on lines of its
@@ -76,6 +125,50 @@ mod tests {
         assert_eq!(escaped_prefix("abcdef", 3), "abc…");
         assert_eq!(escaped_prefix("ab\n", 3), "ab\\n");
         assert_eq!(escaped_block("a\n\tb\rc\u{1b}"), "a\n\tb\\rc\\u{1b}");
+    }
+
+    #[test]
+    fn bidi_invisible_and_separator_characters_are_escaped_and_the_rest_kept() {
+        // An id that a right-to-left override shows as `ord_exe.pdf`.
+        assert_eq!(
+            Escaped("ord_\u{202e}fdp.exe").to_string(),
+            "ord_\\u{202e}fdp.exe"
+        );
+        for (c, escaped) in [
+            ('\u{202a}', "\\u{202a}"),
+            ('\u{202d}', "\\u{202d}"),
+            ('\u{2066}', "\\u{2066}"),
+            ('\u{2069}', "\\u{2069}"),
+            ('\u{061c}', "\\u{61c}"),
+            ('\u{200b}', "\\u{200b}"),
+            ('\u{200d}', "\\u{200d}"),
+            ('\u{200f}', "\\u{200f}"),
+            ('\u{2060}', "\\u{2060}"),
+            ('\u{2064}', "\\u{2064}"),
+            ('\u{feff}', "\\u{feff}"),
+            ('\u{00ad}', "\\u{ad}"),
+            ('\u{3164}', "\\u{3164}"),
+            ('\u{fe0f}', "\\u{fe0f}"),
+            ('\u{e0041}', "\\u{e0041}"),
+            ('\u{2028}', "\\u{2028}"),
+            ('\u{2029}', "\\u{2029}"),
+            ('\u{fff9}', "\\u{fff9}"),
+            // C1 controls are control characters: U+009B is CSI on a terminal in 8-bit mode.
+            ('\u{009b}', "\\u{9b}"),
+            ('\u{007f}', "\\u{7f}"),
+        ] {
+            assert_eq!(Escaped(&format!("a{c}b")).to_string(), format!("a{escaped}b"));
+        }
+        // Visible text around them is kept: letters of any script, spaces, the no-break space of
+        // a formatted amount, an emoji without a joiner or selector.
+        for kept in ["Rp\u{a0}150.000", "ترتيب", "注文", "pesanan é", "🙂", "a\u{2009}b"] {
+            assert_eq!(Escaped(kept).to_string(), kept);
+        }
+        assert_eq!(escaped_block("a\u{202e}\n\tb"), "a\\u{202e}\n\tb");
+        assert_eq!(
+            third_party_for_log("bad\u{2028}INFO forged"),
+            "bad\\u{2028}INFO forged"
+        );
     }
 
     #[test]

@@ -1,0 +1,73 @@
+//! The inspection commands as a first-time user meets them (issue 30): `events` and `outbox`
+//! through the real `sekali` binary, against a database the real server wrote.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::helpers::*;
+
+/// Runs `sekali ARGS --db DB` off the test's event loop; its output, whatever its exit status.
+async fn sekali_on(db: &Path, args: &[&str]) -> Output {
+    let (db, args): (PathBuf, Vec<String>) =
+        (db.to_owned(), args.iter().map(|a| a.to_string()).collect());
+    actix_web::rt::task::spawn_blocking(move || {
+        Command::new(sekali_bin())
+            .args(&args)
+            .arg("--db")
+            .arg(&db)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// [`sekali_on`] for a command that must succeed: its stdout.
+async fn stdout_of(db: &Path, args: &[&str]) -> String {
+    let output = sekali_on(db, args).await;
+    assert!(output.status.success(), "sekali {args:?}: {output:?}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// A Stripe payment whose event id is `event_id` and whose order id is `order_id`.
+fn payment(event_id: &str, order_id: &str) -> Vec<u8> {
+    let mut event: serde_json::Value =
+        serde_json::from_slice(&fixture("stripe/payment_intent.succeeded.json")).unwrap();
+    event["id"] = event_id.into();
+    event["data"]["object"]["metadata"]["order_id"] = order_id.into();
+    serde_json::to_vec(&event).unwrap()
+}
+
+/// The characters the listings escape beside the control characters: a right-to-left override
+/// and an isolate, zero-width ones, a line separator.
+const HIDDEN: [char; 6] = [
+    '\u{202e}', '\u{2066}', '\u{200b}', '\u{200d}', '\u{feff}', '\u{2028}',
+];
+
+/// Fails on the version that escaped control characters only: an id with U+202E printed as
+/// stored, and the terminal showed the rest of the line reversed (`evt_gnp.exe` for
+/// `evt_exe.png`), while zero-width characters made two different ids look the same.
+#[actix_web::test]
+async fn listings_print_bidi_overrides_and_invisible_characters_in_ids_escaped() {
+    let app = spawn_app().await;
+    let event_id = "evt_\u{202e}gnp.exe\u{2066}\u{200b}";
+    let order_id = "ord_\u{202e}1001\u{200d}\u{feff}\u{2028}x";
+    let answer = app.deliver_stripe_body(&payment(event_id, order_id)).await;
+    assert_eq!(answer.outcome(), "processed", "{answer:?}");
+
+    let events = stdout_of(&app.db_path, &["events", "list"]).await;
+    let outbox = stdout_of(&app.db_path, &["outbox", "list"]).await;
+    for output in [&events, &outbox] {
+        assert!(
+            !output.contains(HIDDEN),
+            "a bidi or invisible character reached the terminal: {output:?}"
+        );
+    }
+    assert!(
+        events.contains("evt_\\u{202e}gnp.exe\\u{2066}\\u{200b}"),
+        "{events}"
+    );
+    let shown_order = "ord_\\u{202e}1001\\u{200d}\\u{feff}\\u{2028}x";
+    assert!(events.contains(shown_order), "{events}");
+    assert!(outbox.contains(shown_order), "{outbox}");
+}
