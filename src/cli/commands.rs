@@ -17,7 +17,7 @@ use crate::jobs::relay::RelayHost;
 use crate::providers::{ProviderSettings, Providers};
 use crate::startup::Application;
 use crate::store::sqlite::{SqliteMaintenance, SqliteStore, WriterConfig};
-use crate::store::{Maintenance, Store, DEFAULT_PURGE_BATCH};
+use crate::store::{Maintenance, Store, StoreError, DEFAULT_PURGE_BATCH};
 
 /// The provider settings of the command line, by `(provider, option)`: the generic
 /// `--retention` and `--provider-option`, and the flags that name one provider's option.
@@ -61,6 +61,33 @@ fn configure_providers(
 
 /// What a command returns: its exit status, or the error [`super::run`] prints.
 type CommandResult = Result<ExitCode, Box<dyn std::error::Error>>;
+
+/// Why a command could not open its database.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    /// The first mistake of a new user: the command ran in another directory than `serve`, or
+    /// without the `--db` that `serve` was given, and found no file where it looked. The store
+    /// knows only the path; which settings chose it is the command line's to say.
+    #[error("database file {0} does not exist (choose the file with --db or SEKALI_DB; sekali serve creates it)")]
+    Missing(String),
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl From<StoreError> for OpenError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Missing(path) => OpenError::Missing(path),
+            other => OpenError::Store(other),
+        }
+    }
+}
+
+/// The command's connection to the database of `--db`, which must exist; `writable` brings its
+/// schema up to date.
+fn open_maintenance(db: &DbArgs, writable: bool) -> Result<SqliteMaintenance, OpenError> {
+    Ok(SqliteMaintenance::open(&db.db, writable)?)
+}
 
 const DONE: CommandResult = Ok(ExitCode::SUCCESS);
 
@@ -106,7 +133,7 @@ pub(super) fn serve(args: ServeArgs) -> CommandResult {
 }
 
 pub(super) fn purge(args: DbArgs) -> CommandResult {
-    let purged = SqliteMaintenance::open(&args.db, true)?
+    let purged = open_maintenance(&args, true)?
         .purge_all_expired(SystemClock.now_unix(), DEFAULT_PURGE_BATCH)?;
     crate::outln!("purged {} expired event ids", purged.events);
     crate::outln!(
@@ -117,7 +144,7 @@ pub(super) fn purge(args: DbArgs) -> CommandResult {
 }
 
 pub(super) fn backup(args: BackupArgs) -> CommandResult {
-    let report = SqliteMaintenance::open(&args.db.db, false)?.backup(&args.out)?;
+    let report = open_maintenance(&args.db, false)?.backup(&args.out)?;
     crate::outln!(
         "backed up {} to {}: {} pages, {} processed events, {} orders, integrity ok",
         args.db.db.display(),
@@ -212,11 +239,12 @@ pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
                 reread_parked: None,
             },
             clock.clone(),
-        )?);
+        )
+        .map_err(OpenError::from)?);
         let queue = crate::jobs::relay::Queue::own(store.clone());
         let result = crate::jobs::relay::run_relay(config, mail, clock, shutdown, queue).await;
         let _ = actix_web::rt::task::spawn_blocking(move || store.shutdown()).await;
-        result
+        Ok::<_, Box<dyn std::error::Error>>(result?)
     })?;
     DONE
 }
@@ -226,7 +254,7 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
         OutboxCommand::List { db, .. } | OutboxCommand::Show { db, .. } => (db, false),
         OutboxCommand::Retry { db, .. } => (db, true),
     };
-    let store = SqliteMaintenance::open(&db.db, writable)?;
+    let store = open_maintenance(db, writable)?;
     match command {
         OutboxCommand::List { status, limit, .. } => {
             let rows = store
@@ -283,7 +311,7 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
 }
 
 pub(super) fn set_status(id: &str, status: OrderStatus, db: &DbArgs) -> CommandResult {
-    let previous = SqliteMaintenance::open(&db.db, true)?.set_status_by_operator(
+    let previous = open_maintenance(db, true)?.set_status_by_operator(
         id,
         status,
         SystemClock.now_unix(),
@@ -293,10 +321,10 @@ pub(super) fn set_status(id: &str, status: OrderStatus, db: &DbArgs) -> CommandR
 }
 
 pub(super) fn events(command: EventsCommand) -> CommandResult {
-    let db_path = match &command {
-        EventsCommand::List { db, .. } | EventsCommand::Show { db, .. } => db.db.clone(),
+    let db = match &command {
+        EventsCommand::List { db, .. } | EventsCommand::Show { db, .. } => db,
     };
-    let store = SqliteMaintenance::open(&db_path, false)?;
+    let store = open_maintenance(db, false)?;
     match command {
         EventsCommand::List {
             limit, provider, ..

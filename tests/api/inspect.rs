@@ -71,3 +71,49 @@ async fn listings_print_bidi_overrides_and_invisible_characters_in_ids_escaped()
     assert!(events.contains(shown_order), "{events}");
     assert!(outbox.contains(shown_order), "{outbox}");
 }
+
+/// Fails on the version whose error said only `database file sekali.db does not exist`: a new
+/// user who ran a command in another directory than `serve`, or without the `--db` that `serve`
+/// had, was not told how to name the file.
+#[test]
+fn a_command_whose_database_does_not_exist_says_how_to_choose_it_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let commands: [&[&str]; 10] = [
+        &["events", "list"],
+        &["events", "show", "evt_1"],
+        &["outbox", "list"],
+        &["outbox", "show", "1"],
+        &["outbox", "retry", "1"],
+        &["orders", "set-status", "ord_1", "paid"],
+        &["purge"],
+        &["backup", "copy.db"],
+        &["relay"],
+        &["events", "list", "--db", "elsewhere/sekali.db"],
+    ];
+    for args in commands {
+        let output = Command::new(sekali_bin())
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("SEKALI_DB")
+            .env_remove("SEKALI_SMTP_URL")
+            .env_remove("SEKALI_MAIL_API_URL")
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?}: {output:?}");
+        let path = if args.contains(&"--db") {
+            "elsewhere/sekali.db"
+        } else {
+            "sekali.db"
+        };
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.ends_with(&format!(
+                "error: database file {path} does not exist (choose the file with --db or \
+                 SEKALI_DB; sekali serve creates it)\n"
+            )),
+            "{args:?}: {stderr}"
+        );
+        assert!(!dir.path().join(path).exists(), "{args:?} created {path}");
+    }
+}
