@@ -25,7 +25,9 @@ pub enum Command {
     /// least one must be set.
     #[command(after_help = serve_environment())]
     Serve(Box<ServeArgs>),
-    /// Delete expired event ids now (one purge pass) and print how many.
+    /// Delete expired event ids, and expired Idempotency-Keys of the orders API with their
+    /// stored responses, now (one purge pass, as serve's purge job runs every
+    /// --purge-interval), and print how many of each.
     Purge(DbArgs),
     /// Copy the database while sekali runs (SQLite online backup), then check the copy.
     Backup(BackupArgs),
@@ -316,17 +318,20 @@ pub enum OutboxCommand {
         /// Only rows with this status.
         #[arg(long, value_parser = ["pending", "sent", "dead", "skipped"])]
         status: Option<String>,
+        /// Most rows to print, newest first.
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
     /// One row, with its parameters and last error.
     Show {
+        /// The row's id (the ID column of `outbox list`).
         id: i64,
         #[command(flatten)]
         db: DbArgs,
     },
     /// Put a dead row back to pending, due now, attempts reset.
     Retry {
+        /// The row's id (the ID column of `outbox list`).
         id: i64,
         #[command(flatten)]
         db: DbArgs,
@@ -421,8 +426,10 @@ pub enum EventsCommand {
     List {
         #[command(flatten)]
         db: DbArgs,
+        /// Most events to print, newest first.
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// Only events from this provider.
         #[arg(long, value_parser = provider_name)]
         provider: Option<String>,
     },
@@ -432,6 +439,7 @@ pub enum EventsCommand {
         id: String,
         #[command(flatten)]
         db: DbArgs,
+        /// Only the event from this provider (two providers may use the same id).
         #[arg(long, value_parser = provider_name)]
         provider: Option<String>,
     },

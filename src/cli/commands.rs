@@ -229,18 +229,20 @@ pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
         let clock: crate::clock::SharedClock = Arc::new(SystemClock);
         // Its own write connection: a writer of its own, which commits each claim and each
         // batch of results in one transaction.
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_existing(
-            WriterConfig {
-                db_path: config.db_path.clone(),
-                batch_max: crate::config::DEFAULT_BATCH_MAX,
-                queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
-                busy_timeout: config.busy_timeout,
-                max_page_count: None,
-                reread_parked: None,
-            },
-            clock.clone(),
-        )
-        .map_err(OpenError::from)?);
+        let store: Arc<dyn Store> = Arc::new(
+            SqliteStore::open_existing(
+                WriterConfig {
+                    db_path: config.db_path.clone(),
+                    batch_max: crate::config::DEFAULT_BATCH_MAX,
+                    queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
+                    busy_timeout: config.busy_timeout,
+                    max_page_count: None,
+                    reread_parked: None,
+                },
+                clock.clone(),
+            )
+            .map_err(OpenError::from)?,
+        );
         let queue = crate::jobs::relay::Queue::own(store.clone());
         let result = crate::jobs::relay::run_relay(config, mail, clock, shutdown, queue).await;
         let _ = actix_web::rt::task::spawn_blocking(move || store.shutdown()).await;
@@ -311,11 +313,8 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
 }
 
 pub(super) fn set_status(id: &str, status: OrderStatus, db: &DbArgs) -> CommandResult {
-    let previous = open_maintenance(db, true)?.set_status_by_operator(
-        id,
-        status,
-        SystemClock.now_unix(),
-    )?;
+    let previous =
+        open_maintenance(db, true)?.set_status_by_operator(id, status, SystemClock.now_unix())?;
     crate::outln!("order {id}: {previous} -> {status}");
     DONE
 }

@@ -157,11 +157,21 @@ mod tests {
             ('\u{009b}', "\\u{9b}"),
             ('\u{007f}', "\\u{7f}"),
         ] {
-            assert_eq!(Escaped(&format!("a{c}b")).to_string(), format!("a{escaped}b"));
+            assert_eq!(
+                Escaped(&format!("a{c}b")).to_string(),
+                format!("a{escaped}b")
+            );
         }
         // Visible text around them is kept: letters of any script, spaces, the no-break space of
         // a formatted amount, an emoji without a joiner or selector.
-        for kept in ["Rp\u{a0}150.000", "ترتيب", "注文", "pesanan é", "🙂", "a\u{2009}b"] {
+        for kept in [
+            "Rp\u{a0}150.000",
+            "ترتيب",
+            "注文",
+            "pesanan é",
+            "🙂",
+            "a\u{2009}b",
+        ] {
             assert_eq!(Escaped(kept).to_string(), kept);
         }
         assert_eq!(escaped_block("a\u{202e}\n\tb"), "a\\u{202e}\n\tb");

@@ -117,3 +117,74 @@ fn a_command_whose_database_does_not_exist_says_how_to_choose_it_and_creates_not
         assert!(!dir.path().join(path).exists(), "{args:?} created {path}");
     }
 }
+
+/// Every argument of `command` and its subcommands without a description in `--help`, as
+/// `sekali events list --limit`.
+fn undescribed_arguments(command: &clap::Command, path: &str) -> Vec<String> {
+    let path = format!("{path} {}", command.get_name()).trim().to_owned();
+    let mut missing: Vec<String> = command
+        .get_arguments()
+        .filter(|arg| !arg.is_hide_set())
+        .filter(|arg| {
+            let help = arg.get_help().or(arg.get_long_help());
+            help.is_none_or(|h| h.to_string().trim().is_empty())
+        })
+        .map(|arg| match arg.get_long() {
+            Some(long) => format!("{path} --{long}"),
+            None => format!("{path} {}", arg.get_id()),
+        })
+        .collect();
+    if command.get_about().is_none() && path != "sekali" {
+        missing.push(format!("{path} (the command itself)"));
+    }
+    for sub in command.get_subcommands() {
+        missing.extend(undescribed_arguments(sub, &path));
+    }
+    missing
+}
+
+/// Fails on the version whose `events list --help` listed `--limit <LIMIT>` and `--provider
+/// <PROVIDER>` with nothing after them, as `outbox show` and `outbox retry` did their `<ID>`.
+#[test]
+fn every_argument_of_every_command_has_a_description_in_its_help() {
+    use clap::CommandFactory;
+    let missing = undescribed_arguments(&sekali::cli::Cli::command(), "");
+    assert!(missing.is_empty(), "without a description: {missing:#?}");
+}
+
+/// The same through the binary: `--help` shows each argument with its description, and `purge
+/// --help` says that it deletes the orders API's expired Idempotency-Keys too (it does, see
+/// `purge_all_expired`), which it did not.
+#[test]
+fn help_through_the_binary_describes_each_argument_and_what_purge_deletes() {
+    let help = |args: &[&str]| {
+        let output = Command::new(sekali_bin())
+            .args(args)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let events_list = help(&["events", "list"]);
+    for argument in ["--limit <LIMIT>", "--provider <PROVIDER>"] {
+        let line = events_list
+            .lines()
+            .find(|line| line.trim_start().starts_with(argument))
+            .unwrap_or_else(|| panic!("no {argument}: {events_list}"));
+        // What is left once the argument and clap's own `[default: …]` and `[env: …]` are gone.
+        let described = line.trim_start()[argument.len()..]
+            .split('[')
+            .next()
+            .unwrap();
+        assert!(
+            !described.trim().is_empty(),
+            "{argument} has no description: {events_list}"
+        );
+    }
+    let purge = help(&["purge"]);
+    assert!(
+        purge.contains("expired event ids") && purge.contains("Idempotency-Keys of the orders API"),
+        "{purge}"
+    );
+}
