@@ -28,9 +28,9 @@ use sekali::domain::{
     EmailAddress, NormalizedEvent, OrderRef, OrderStatus, ProviderName, StatusChange,
 };
 use sekali::store::{
-    ClaimRequest, ClaimedEmail, CreateOrder, IdempotentOutcome, Maintenance, NewOrder, OrderQuery,
-    OrderView, OutboxRow, Outcome, Purged, SendOutcome, SendResult, SetStatusError, Store,
-    StoreError, StoredResponse,
+    ClaimRequest, ClaimedEmail, CreateOrder, EventQuery, IdempotentOutcome, Maintenance, NewOrder,
+    OrderQuery, OrderView, OutboxQuery, OutboxRow, Outcome, Purged, SendOutcome, SendResult,
+    SetStatusError, Store, StoreError, StoredResponse,
 };
 use serde_json::{json, Value};
 
@@ -161,8 +161,10 @@ macro_rules! conformance_suite {
                 orders_page_in_order_id_order_after_a_cursor_and_by_status,
                 a_missing_order_or_outbox_row_reads_as_none,
                 events_are_listed_newest_first_by_provider_up_to_the_limit,
+                events_are_filtered_by_outcome_order_and_time_together,
                 an_event_claimed_again_after_its_retention_is_listed_as_the_newest,
                 the_outbox_is_listed_newest_first_by_status,
+                the_outbox_is_filtered_by_status_order_and_time_together,
                 the_store_answers_its_health_check,
                 stats_count_transactions_deliveries_and_relay_work,
                 run_counts_count_the_rows_of_one_marker,
@@ -452,7 +454,7 @@ impl Ctx {
 
     /// Every outbox row, oldest first.
     fn outbox(&self) -> Vec<OutboxRow> {
-        let mut rows = self.ops.outbox(None, ALL).unwrap();
+        let mut rows = self.ops.outbox(&OutboxQuery::newest(ALL)).unwrap();
         rows.reverse();
         rows
     }
@@ -507,7 +509,7 @@ impl Ctx {
     /// Everything the interfaces show of the database: orders, events with their payloads, and
     /// the outbox.
     async fn snapshot(&self) -> Value {
-        let events = self.ops.events(None, ALL).unwrap();
+        let events = self.ops.events(&EventQuery::newest(ALL)).unwrap();
         let details: Vec<_> = events
             .iter()
             .map(|e| {
@@ -520,7 +522,7 @@ impl Ctx {
             "orders": self.all_orders().await,
             "events": events,
             "details": details,
-            "outbox": self.ops.outbox(None, ALL).unwrap(),
+            "outbox": self.ops.outbox(&OutboxQuery::newest(ALL)).unwrap(),
         })
     }
 
@@ -1314,7 +1316,7 @@ mod suite {
         t.record(paid("evt_paid", "ord_2")).await;
         t.advance(3600 - 1);
         let orders = t.all_orders().await;
-        let outbox = t.ops.outbox(None, ALL).unwrap();
+        let outbox = t.ops.outbox(&OutboxQuery::newest(ALL)).unwrap();
 
         let purged = t.store.purge_batch(100).await.unwrap();
         assert_eq!(
@@ -1326,7 +1328,7 @@ mod suite {
         );
         let mut left: Vec<String> = t
             .ops
-            .events(None, ALL)
+            .events(&EventQuery::newest(ALL))
             .unwrap()
             .into_iter()
             .map(|e| e.event_id)
@@ -1336,7 +1338,7 @@ mod suite {
         assert_eq!(t.outcome_of("evt_parked"), "parked");
         assert_eq!(t.all_orders().await, orders);
         assert_eq!(
-            serde_json::to_value(t.ops.outbox(None, ALL).unwrap()).unwrap(),
+            serde_json::to_value(t.ops.outbox(&OutboxQuery::newest(ALL)).unwrap()).unwrap(),
             serde_json::to_value(outbox).unwrap()
         );
         let live_key = create("shop", "key-3", "fp", new_order("ord_api_3"));
@@ -1367,7 +1369,7 @@ mod suite {
             t.ops.purge_all_expired(T0 + 60, 2).unwrap(),
             Purged::default()
         );
-        assert_eq!(t.ops.events(None, ALL).unwrap().len(), 3);
+        assert_eq!(t.ops.events(&EventQuery::newest(ALL)).unwrap().len(), 3);
         assert_eq!(t.outcome_of("evt_parked"), "parked");
     }
 
@@ -1935,8 +1937,12 @@ mod suite {
             t.advance(1);
         }
         let ids = |provider: Option<&str>, limit| -> Vec<String> {
+            let query = EventQuery {
+                provider: provider.map(str::to_owned),
+                ..EventQuery::newest(limit)
+            };
             t.ops
-                .events(provider, limit)
+                .events(&query)
                 .unwrap()
                 .into_iter()
                 .map(|e| e.event_id)
@@ -1947,10 +1953,98 @@ mod suite {
         assert_eq!(ids(Some("stripe"), 10), ["evt_3", "evt_1"]);
         assert_eq!(ids(Some("midtrans"), 10), ["evt_2"]);
         assert!(ids(Some("other"), 10).is_empty());
-        let newest = &t.ops.events(None, 1).unwrap()[0];
+        let newest = &t.ops.events(&EventQuery::newest(1)).unwrap()[0];
         assert_eq!(
             (newest.provider.as_str(), newest.received_at.as_str()),
             ("xendit", iso_seconds(T0 + 3).as_str())
+        );
+    }
+
+    /// Events are filtered by outcome, order and the time they were received (at or after it),
+    /// each alone and together with the others and the provider, newest first up to the limit.
+    pub async fn events_are_filtered_by_outcome_order_and_time_together(t: Ctx) {
+        let at = |secs| T0 + secs;
+        t.record(paid("evt_1", "ord_1")).await; // T0, processed
+        t.advance(10);
+        t.record(ev("evt_2").kind("customer.created").order("ord_2"))
+            .await; // T0 + 10, ignored
+        t.advance(10);
+        assert_eq!(
+            t.record(ev("evt_3").order("ord_1").to(Pending)).await,
+            Outcome::Stale
+        ); // T0 + 20
+        t.advance(10);
+        t.record(paid("evt_4", "ord_2").provider("midtrans")).await; // T0 + 30, processed
+        t.advance(10);
+        let dispute = ev("evt_5")
+            .via_payment("pi_9", true)
+            .to(Disputed)
+            .no_amount();
+        assert_eq!(t.record(dispute).await, Outcome::Parked); // T0 + 40, no order yet
+
+        let ids = |adjust: &dyn Fn(&mut EventQuery)| -> Vec<String> {
+            let mut query = EventQuery::newest(10);
+            adjust(&mut query);
+            t.ops
+                .events(&query)
+                .unwrap()
+                .into_iter()
+                .map(|e| e.event_id)
+                .collect()
+        };
+        assert_eq!(
+            ids(&|q| q.outcome = Some(Outcome::Processed)),
+            ["evt_4", "evt_1"]
+        );
+        assert_eq!(ids(&|q| q.outcome = Some(Outcome::Stale)), ["evt_3"]);
+        assert_eq!(ids(&|q| q.outcome = Some(Outcome::Ignored)), ["evt_2"]);
+        assert_eq!(ids(&|q| q.outcome = Some(Outcome::Parked)), ["evt_5"]);
+        assert!(ids(&|q| q.outcome = Some(Outcome::Reversed)).is_empty());
+        assert_eq!(
+            ids(&|q| q.order_id = Some("ord_1".into())),
+            ["evt_3", "evt_1"]
+        );
+        assert_eq!(
+            ids(&|q| q.order_id = Some("ord_2".into())),
+            ["evt_4", "evt_2"]
+        );
+        assert!(
+            ids(&|q| q.order_id = Some("ord_".into())).is_empty(),
+            "no prefix match"
+        );
+        assert_eq!(
+            ids(&|q| q.since_unix = Some(at(20))),
+            ["evt_5", "evt_4", "evt_3"]
+        );
+        assert_eq!(ids(&|q| q.since_unix = Some(at(21))), ["evt_5", "evt_4"]);
+        assert!(ids(&|q| q.since_unix = Some(at(41))).is_empty());
+        assert_eq!(
+            ids(&|q| {
+                q.order_id = Some("ord_1".into());
+                q.outcome = Some(Outcome::Processed);
+            }),
+            ["evt_1"]
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.outcome = Some(Outcome::Processed);
+                q.since_unix = Some(at(1));
+            }),
+            ["evt_4"]
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.provider = Some("stripe".into());
+                q.order_id = Some("ord_2".into());
+            }),
+            ["evt_2"]
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.outcome = Some(Outcome::Processed);
+                q.limit = 1;
+            }),
+            ["evt_4"]
         );
     }
 
@@ -1966,7 +2060,7 @@ mod suite {
 
         let listed: Vec<(String, String)> = t
             .ops
-            .events(None, 10)
+            .events(&EventQuery::newest(10))
             .unwrap()
             .into_iter()
             .map(|e| (e.event_id, e.received_at))
@@ -1986,8 +2080,12 @@ mod suite {
         t.claim("relay-a", 1).await;
         t.results("relay-a", &[(ids[0], SendOutcome::Sent)]).await;
         let listed = |status: Option<&str>, limit| -> Vec<i64> {
+            let query = OutboxQuery {
+                status: status.map(str::to_owned),
+                ..OutboxQuery::newest(limit)
+            };
             t.ops
-                .outbox(status, limit)
+                .outbox(&query)
                 .unwrap()
                 .into_iter()
                 .map(|r| r.id)
@@ -1998,6 +2096,60 @@ mod suite {
         assert_eq!(listed(Some("pending"), 10), [ids[2], ids[1]]);
         assert_eq!(listed(Some("sent"), 10), [ids[0]]);
         assert!(listed(Some("dead"), 10).is_empty());
+    }
+
+    /// Outbox rows are filtered by status, order and the time they were queued (at or after
+    /// it), each alone and together, newest first up to the limit.
+    pub async fn the_outbox_is_filtered_by_status_order_and_time_together(t: Ctx) {
+        let first = receipts(&t, 2).await; // ord_0 and ord_1 at T0
+        t.advance(60);
+        t.record(paid("evt_later", "ord_1").to(Refunded).refunded(1500))
+            .await; // a refund notice for ord_1 at T0 + 60
+        t.claim("relay-a", 1).await;
+        t.results("relay-a", &[(first[0], SendOutcome::Sent)]).await;
+        let notice = t.emails("ord_1")[1].id;
+
+        let ids = |adjust: &dyn Fn(&mut OutboxQuery)| -> Vec<i64> {
+            let mut query = OutboxQuery::newest(10);
+            adjust(&mut query);
+            t.ops
+                .outbox(&query)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id)
+                .collect()
+        };
+        assert_eq!(
+            ids(&|q| q.order_id = Some("ord_1".into())),
+            [notice, first[1]]
+        );
+        assert_eq!(ids(&|q| q.since_unix = Some(T0 + 60)), [notice]);
+        assert_eq!(
+            ids(&|q| q.since_unix = Some(T0)),
+            [notice, first[1], first[0]]
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.status = Some("pending".into());
+                q.order_id = Some("ord_1".into());
+                q.since_unix = Some(T0 + 1);
+            }),
+            [notice]
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.status = Some("sent".into());
+                q.order_id = Some("ord_1".into());
+            }),
+            Vec::<i64>::new()
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.order_id = Some("ord_1".into());
+                q.limit = 1;
+            }),
+            [notice]
+        );
     }
 
     pub async fn the_store_answers_its_health_check(t: Ctx) {
@@ -2164,13 +2316,15 @@ mod suite {
             assert_eq!(copy.order(order_id).unwrap(), original);
         }
         assert_eq!(copy.order("ord_4").unwrap(), None);
-        let events = |m: &dyn Maintenance| serde_json::to_value(m.events(None, ALL).unwrap());
+        let events =
+            |m: &dyn Maintenance| serde_json::to_value(m.events(&EventQuery::newest(ALL)).unwrap());
         let mut now = events(&*t.ops).unwrap();
         now.as_array_mut().unwrap().remove(0); // evt_4, after the backup
         assert_eq!(events(&*copy).unwrap(), now);
         assert_eq!(
-            serde_json::to_value(copy.outbox(None, ALL).unwrap()).unwrap(),
-            serde_json::to_value(t.ops.outbox(None, ALL).unwrap()[1..].to_vec()).unwrap()
+            serde_json::to_value(copy.outbox(&OutboxQuery::newest(ALL)).unwrap()).unwrap(),
+            serde_json::to_value(t.ops.outbox(&OutboxQuery::newest(ALL)).unwrap()[1..].to_vec())
+                .unwrap()
         );
     }
 

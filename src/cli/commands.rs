@@ -17,7 +17,7 @@ use crate::jobs::relay::RelayHost;
 use crate::providers::{ProviderSettings, Providers};
 use crate::startup::Application;
 use crate::store::sqlite::{SqliteMaintenance, SqliteStore, WriterConfig};
-use crate::store::{Maintenance, Store, StoreError, DEFAULT_PURGE_BATCH};
+use crate::store::{EventQuery, Maintenance, OutboxQuery, Store, StoreError, DEFAULT_PURGE_BATCH};
 
 /// The provider settings of the command line, by `(provider, option)`: the generic
 /// `--retention` and `--provider-option`, and the flags that name one provider's option.
@@ -258,9 +258,20 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
     };
     let store = open_maintenance(db, writable)?;
     match command {
-        OutboxCommand::List { status, limit, .. } => {
+        OutboxCommand::List {
+            status,
+            order_id,
+            since,
+            limit,
+            ..
+        } => {
             let rows = store
-                .outbox(status.as_deref(), limit)?
+                .outbox(&OutboxQuery {
+                    status,
+                    order_id,
+                    since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
+                    limit,
+                })?
                 .into_iter()
                 .map(|r| {
                     [
@@ -326,10 +337,21 @@ pub(super) fn events(command: EventsCommand) -> CommandResult {
     let store = open_maintenance(db, false)?;
     match command {
         EventsCommand::List {
-            limit, provider, ..
+            limit,
+            provider,
+            outcome,
+            order_id,
+            since,
+            ..
         } => {
             let rows = store
-                .events(provider.as_deref(), limit)?
+                .events(&EventQuery {
+                    provider,
+                    outcome,
+                    order_id,
+                    since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
+                    limit,
+                })?
                 .into_iter()
                 .map(|row| {
                     [

@@ -24,9 +24,9 @@ use futures_util::future::BoxFuture;
 pub use crate::domain::Outcome;
 use crate::domain::{NormalizedEvent, OrderStatus};
 pub use model::{
-    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventSummary, IdempotentOutcome,
-    NewOrder, OrderView, OutboxRow, Purged, RunCounts, SendOutcome, SendResult, SetStatusError,
-    StoreStats, StoredResponse, WriterStats, DEFAULT_PURGE_BATCH,
+    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
+    IdempotentOutcome, NewOrder, OrderView, OutboxQuery, OutboxRow, Purged, RunCounts, SendOutcome,
+    SendResult, SetStatusError, StoreStats, StoredResponse, WriterStats, DEFAULT_PURGE_BATCH,
 };
 
 /// A store failure. Engine errors keep their own codes (SQLite's extended result code is in the
@@ -177,8 +177,9 @@ pub trait Store: Send + Sync {
 /// An operator's command on the database (`sekali events`, `outbox`, `orders set-status`,
 /// `purge`, `backup`, and the load generator's check), on a connection of its own.
 pub trait Maintenance {
-    /// The newest events first, optionally of one provider.
-    fn events(&self, provider: Option<&str>, limit: u32) -> Result<Vec<EventSummary>, StoreError>;
+    /// The events that match `query`, newest first, filtered by the engine (a listing of the
+    /// last hour of a large table must not read every row into the command).
+    fn events(&self, query: &EventQuery) -> Result<Vec<EventSummary>, StoreError>;
 
     /// Every stored event with this id (one per provider at most).
     fn find_events(
@@ -189,8 +190,8 @@ pub trait Maintenance {
 
     fn order(&self, order_id: &str) -> Result<Option<OrderView>, StoreError>;
 
-    /// Outbox rows, newest first, optionally of one status.
-    fn outbox(&self, status: Option<&str>, limit: u32) -> Result<Vec<OutboxRow>, StoreError>;
+    /// The outbox rows that match `query`, newest first, filtered by the engine.
+    fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxRow>, StoreError>;
 
     fn outbox_row(&self, id: i64) -> Result<Option<OutboxRow>, StoreError>;
 

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::StoreError;
+use crate::domain::Outcome;
 
 /// A row claimed for sending, with what rendering needs.
 #[derive(Debug, Clone)]
@@ -116,6 +117,58 @@ pub enum SetStatusError {
     NoSuchOrder(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Which events [`Maintenance::events`](super::Maintenance::events) lists: those that match
+/// every filter given, newest first (in the order they arrived), at most `limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventQuery {
+    pub provider: Option<String>,
+    /// One of [`Outcome::STORED`] (a duplicate is not stored, so it matches nothing).
+    pub outcome: Option<Outcome>,
+    /// Events naming this order (or found through its payment).
+    pub order_id: Option<String>,
+    /// Events received at or after this time, in Unix seconds.
+    pub since_unix: Option<i64>,
+    pub limit: u32,
+}
+
+impl EventQuery {
+    /// The newest `limit` events, whatever they are.
+    pub fn newest(limit: u32) -> Self {
+        EventQuery {
+            provider: None,
+            outcome: None,
+            order_id: None,
+            since_unix: None,
+            limit,
+        }
+    }
+}
+
+/// Which outbox rows [`Maintenance::outbox`](super::Maintenance::outbox) lists: those that
+/// match every filter given, newest first, at most `limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxQuery {
+    /// `pending`, `sent`, `dead` or `skipped`.
+    pub status: Option<String>,
+    /// The emails of this order.
+    pub order_id: Option<String>,
+    /// Rows queued at or after this time (`created_at`), in Unix seconds.
+    pub since_unix: Option<i64>,
+    pub limit: u32,
+}
+
+impl OutboxQuery {
+    /// The newest `limit` rows, whatever their status.
+    pub fn newest(limit: u32) -> Self {
+        OutboxQuery {
+            status: None,
+            order_id: None,
+            since_unix: None,
+            limit,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -29,13 +29,38 @@ async fn stdout_of(db: &Path, args: &[&str]) -> String {
     String::from_utf8(output.stdout).unwrap()
 }
 
-/// A Stripe payment whose event id is `event_id` and whose order id is `order_id`.
-fn payment(event_id: &str, order_id: &str) -> Vec<u8> {
+/// The Stripe fixture `name` (a PaymentIntent event) as event `event_id` of order `order_id`,
+/// whose PaymentIntent is the order's own.
+fn stripe_event(name: &str, event_id: &str, order_id: &str) -> Vec<u8> {
     let mut event: serde_json::Value =
-        serde_json::from_slice(&fixture("stripe/payment_intent.succeeded.json")).unwrap();
+        serde_json::from_slice(&fixture(&format!("stripe/{name}.json"))).unwrap();
     event["id"] = event_id.into();
+    event["data"]["object"]["id"] = format!("pi_{order_id}").into();
     event["data"]["object"]["metadata"]["order_id"] = order_id.into();
     serde_json::to_vec(&event).unwrap()
+}
+
+/// A Stripe payment whose event id is `event_id` and whose order id is `order_id`.
+fn payment(event_id: &str, order_id: &str) -> Vec<u8> {
+    stripe_event("payment_intent.succeeded", event_id, order_id)
+}
+
+/// The ids in the last column of a listing's rows (EVENT_ID of `events list`), header left out.
+fn last_column(listing: &str) -> Vec<&str> {
+    listing
+        .lines()
+        .skip(1)
+        .map(|line| line.rsplit("  ").next().unwrap())
+        .collect()
+}
+
+/// The ids in the first column of a listing's rows (ID of `outbox list`), header left out.
+fn first_column(listing: &str) -> Vec<&str> {
+    listing
+        .lines()
+        .skip(1)
+        .map(|line| line.split("  ").next().unwrap())
+        .collect()
 }
 
 /// The characters the listings escape beside the control characters: a right-to-left override
@@ -187,4 +212,147 @@ fn help_through_the_binary_describes_each_argument_and_what_purge_deletes() {
         purge.contains("expired event ids") && purge.contains("Idempotency-Keys of the orders API"),
         "{purge}"
     );
+}
+
+/// Fails on the version whose listings took `--provider`, `--status` and `--limit` only: "what
+/// happened to order X in the last hour" meant sqlite3 or grep.
+#[actix_web::test]
+async fn events_and_outbox_listings_filter_by_outcome_order_and_since() {
+    let app = spawn_app().await;
+    let now = sekali::clock::SystemClock.now_unix();
+    // Three hours ago: order A is paid, and a customer event is ignored.
+    app.clock.set(now - 3 * 3600);
+    let deliver = |name: &'static str, event_id: &'static str, order_id: &'static str| {
+        let app = &app;
+        async move {
+            let body = stripe_event(name, event_id, order_id);
+            app.deliver_stripe_body(&body).await.outcome().to_owned()
+        }
+    };
+    assert_eq!(
+        deliver("payment_intent.succeeded", "evt_a_paid", "ord_a").await,
+        "processed"
+    );
+    let customer = fixture("stripe/customer.created.json");
+    assert_eq!(
+        app.deliver_stripe_body(&customer).await.outcome(),
+        "ignored"
+    );
+    // Now: order B is paid, and A's processing arrives late (stale).
+    app.clock.set(now);
+    assert_eq!(
+        deliver("payment_intent.succeeded", "evt_b_paid", "ord_b").await,
+        "processed"
+    );
+    assert_eq!(
+        deliver("payment_intent.processing", "evt_a_late", "ord_a").await,
+        "stale"
+    );
+
+    let events = |args: &'static [&'static str]| {
+        let db = app.db_path.clone();
+        async move {
+            let mut all = vec!["events", "list"];
+            all.extend(args);
+            let listing = stdout_of(&db, &all).await;
+            last_column(&listing)
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        events(&[]).await,
+        [
+            "evt_a_late",
+            "evt_b_paid",
+            "evt_1QA0011customercreate",
+            "evt_a_paid"
+        ]
+    );
+    assert_eq!(
+        events(&["--since", "1h"]).await,
+        ["evt_a_late", "evt_b_paid"]
+    );
+    assert_eq!(events(&["--outcome", "stale"]).await, ["evt_a_late"]);
+    assert_eq!(
+        events(&["--outcome", "ignored"]).await,
+        ["evt_1QA0011customercreate"]
+    );
+    assert_eq!(
+        events(&["--order", "ord_a"]).await,
+        ["evt_a_late", "evt_a_paid"]
+    );
+    assert_eq!(
+        events(&["--order", "ord_a", "--outcome", "processed", "--limit", "5"]).await,
+        ["evt_a_paid"]
+    );
+    assert!(events(&["--order", "ord_c"]).await.is_empty());
+    // A time as the listing prints it, and the same moment with an offset.
+    let two_hours_ago = sekali::clock::iso_seconds(now - 2 * 3600);
+    let listing = stdout_of(&app.db_path, &["events", "list", "--since", &two_hours_ago]).await;
+    assert_eq!(
+        last_column(&listing),
+        ["evt_a_late", "evt_b_paid"],
+        "{listing}"
+    );
+    let in_jakarta = humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs((now - 2 * 3600 + 7 * 3600) as u64),
+    )
+    .to_string()
+    .replace('Z', "+07:00");
+    let listing = stdout_of(&app.db_path, &["events", "list", "--since", &in_jakarta]).await;
+    assert_eq!(
+        last_column(&listing),
+        ["evt_a_late", "evt_b_paid"],
+        "{in_jakarta}: {listing}"
+    );
+
+    // The outbox: A's receipt three hours ago, B's now.
+    let outbox = |args: &[&str]| {
+        let (db, mut all) = (
+            app.db_path.clone(),
+            vec!["outbox".to_owned(), "list".to_owned()],
+        );
+        all.extend(args.iter().map(|a| a.to_string()));
+        async move {
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            let listing = stdout_of(&db, &all).await;
+            first_column(&listing)
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(outbox(&[]).await, ["2", "1"]);
+    assert_eq!(outbox(&["--order", "ord_a"]).await, ["1"]);
+    assert_eq!(outbox(&["--since", "1h"]).await, ["2"]);
+    assert_eq!(
+        outbox(&["--since", &two_hours_ago, "--status", "pending"]).await,
+        ["2"]
+    );
+    assert!(outbox(&["--order", "ord_b", "--status", "sent"])
+        .await
+        .is_empty());
+
+    // A mistake is pointed out, with what is accepted.
+    for (args, says) in [
+        (
+            &["events", "list", "--since", "yesterday"][..],
+            "an RFC 3339 time such as",
+        ),
+        (
+            &["outbox", "list", "--since", "2026-11-29"][..],
+            "a duration such as 90s",
+        ),
+        (
+            &["events", "list", "--outcome", "duplicate"][..],
+            "possible values: processed, stale",
+        ),
+    ] {
+        let output = sekali_on(&app.db_path, args).await;
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
 }

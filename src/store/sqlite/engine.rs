@@ -12,8 +12,9 @@ use super::{backup, orders, outbox, purge, reads, ReadPool, StoreError};
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
-    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventSummary, IdempotentOutcome,
-    OrderView, OutboxRow, Purged, RunCounts, SendResult, SetStatusError, StoreStats,
+    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
+    IdempotentOutcome, OrderView, OutboxQuery, OutboxRow, Purged, RunCounts, SendResult,
+    SetStatusError, StoreStats,
 };
 use crate::store::{CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError};
 
@@ -148,8 +149,8 @@ impl SqliteMaintenance {
 }
 
 impl Maintenance for SqliteMaintenance {
-    fn events(&self, provider: Option<&str>, limit: u32) -> Result<Vec<EventSummary>, StoreError> {
-        Ok(reads::list_events(&self.conn, provider, limit)?)
+    fn events(&self, query: &EventQuery) -> Result<Vec<EventSummary>, StoreError> {
+        Ok(reads::list_events(&self.conn, query)?)
     }
 
     fn find_events(
@@ -164,8 +165,8 @@ impl Maintenance for SqliteMaintenance {
         Ok(orders::get_order(&self.conn, order_id)?)
     }
 
-    fn outbox(&self, status: Option<&str>, limit: u32) -> Result<Vec<OutboxRow>, StoreError> {
-        Ok(outbox::list(&self.conn, status, limit)?)
+    fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxRow>, StoreError> {
+        Ok(outbox::list(&self.conn, query)?)
     }
 
     fn outbox_row(&self, id: i64) -> Result<Option<OutboxRow>, StoreError> {

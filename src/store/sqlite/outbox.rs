@@ -5,11 +5,14 @@
 //! row's lease, so two relays never both record a row: the lease is longer than the transport
 //! timeout, and a relay that overran its lease finds its update refused.
 
-use crate::store::model::{ClaimRequest, ClaimedEmail, OutboxRow, SendOutcome, SendResult};
+use crate::store::model::{
+    ClaimRequest, ClaimedEmail, OutboxQuery, OutboxRow, SendOutcome, SendResult,
+};
 use rusqlite::{params, Connection, OptionalExtension};
 
+use super::reads::Filters;
 use super::StoreError;
-use crate::clock::iso_millis;
+use crate::clock::{iso_millis, iso_seconds};
 
 fn in_write_transaction<T>(
     conn: &Connection,
@@ -189,15 +192,20 @@ fn outbox_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxRow> {
     })
 }
 
-pub fn list(
-    conn: &Connection,
-    status: Option<&str>,
-    limit: u32,
-) -> rusqlite::Result<Vec<OutboxRow>> {
+/// The rows that match `query`, newest first.
+pub fn list(conn: &Connection, query: &OutboxQuery) -> rusqlite::Result<Vec<OutboxRow>> {
+    let mut filters = Filters::default();
+    filters.add("status = ?", query.status.clone());
+    filters.add("order_id = ?", query.order_id.clone());
+    filters.add("created_at >= ?", query.since_unix.map(iso_seconds));
     conn.prepare(&format!(
-        "SELECT {ROW_COLUMNS} FROM email_outbox WHERE ?1 IS NULL OR status = ?1 ORDER BY id DESC LIMIT ?2"
+        "SELECT {ROW_COLUMNS} FROM email_outbox {} ORDER BY id DESC LIMIT ?",
+        filters.sql()
     ))?
-    .query_map(params![status, limit], outbox_row)?
+    .query_map(
+        rusqlite::params_from_iter(filters.values_then(query.limit)),
+        outbox_row,
+    )?
     .collect()
 }
 
