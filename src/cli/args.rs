@@ -408,13 +408,20 @@ pub enum OutboxCommand {
         /// Most rows to print, newest first.
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// Print each row as one line of JSON with all its fields (JSON Lines, for jq) instead
+        /// of the table.
+        #[arg(long)]
+        json: bool,
     },
-    /// One row, with its parameters and last error.
+    /// One row, with its parameters and last error (as indented JSON).
     Show {
         /// The row's id (the ID column of `outbox list`).
         id: i64,
         #[command(flatten)]
         db: DbArgs,
+        /// Print the row as one line of JSON (as outbox list --json does) instead of indented.
+        #[arg(long)]
+        json: bool,
     },
     /// Put a dead row back to pending, due now, attempts reset.
     Retry {
@@ -530,6 +537,10 @@ pub enum EventsCommand {
         /// 2026-11-29T17:15:02+07:00.
         #[arg(long, value_parser = since)]
         since: Option<Since>,
+        /// Print each event as one line of JSON with all its fields (JSON Lines, for jq)
+        /// instead of the table.
+        #[arg(long)]
+        json: bool,
     },
     /// One event with its stored payload.
     Show {
@@ -540,6 +551,10 @@ pub enum EventsCommand {
         /// Only the event from this provider (two providers may use the same id).
         #[arg(long, value_parser = provider_name)]
         provider: Option<String>,
+        /// Print each event as one line of JSON with all its fields, the payload as a string
+        /// (JSON Lines, for jq).
+        #[arg(long)]
+        json: bool,
     },
 }
 

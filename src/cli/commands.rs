@@ -8,10 +8,10 @@ use super::args::{
     BackupArgs, BenchArgs, DbArgs, EventsCommand, OutboxCommand, RelayCommandArgs, ReplayArgs,
     ServeArgs, Switch,
 };
-use super::{print_columns, write_stdout};
+use super::{print_columns, print_json_line, write_stdout};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{self, Settings};
-use crate::domain::text::{escaped_block, Escaped};
+use crate::domain::text::{escaped_block, escaped_json, Escaped};
 use crate::domain::OrderStatus;
 use crate::jobs::relay::RelayHost;
 use crate::providers::{ProviderSettings, Providers};
@@ -263,27 +263,30 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
             order_id,
             since,
             limit,
+            json,
             ..
         } => {
-            let rows = store
-                .outbox(&OutboxQuery {
-                    status,
-                    order_id,
-                    since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
-                    limit,
-                })?
-                .into_iter()
-                .map(|r| {
-                    [
-                        r.id.to_string(),
-                        r.status,
-                        r.attempts.to_string(),
-                        r.template,
-                        r.order_id,
-                        r.next_attempt_at.unwrap_or_else(|| "-".into()),
-                        r.last_error.unwrap_or_default(),
-                    ]
-                });
+            let rows = store.outbox(&OutboxQuery {
+                status,
+                order_id,
+                since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
+                limit,
+            })?;
+            if json {
+                rows.iter().for_each(print_json_line);
+                return DONE;
+            }
+            let rows = rows.into_iter().map(|r| {
+                [
+                    r.id.to_string(),
+                    r.status,
+                    r.attempts.to_string(),
+                    r.template,
+                    r.order_id,
+                    r.next_attempt_at.unwrap_or_else(|| "-".into()),
+                    r.last_error.unwrap_or_default(),
+                ]
+            });
             print_columns(
                 [
                     "ID",
@@ -297,14 +300,17 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
                 rows.collect(),
             );
         }
-        OutboxCommand::Show { id, .. } => {
+        OutboxCommand::Show { id, json, .. } => {
             let row = store
                 .outbox_row(id)?
                 .ok_or_else(|| format!("no outbox row with id {id}"))?;
-            crate::outln!(
-                "{}",
-                serde_json::to_string_pretty(&row).expect("a row serialises")
-            );
+            if json {
+                print_json_line(&row);
+            } else {
+                // Escaped as a line of JSON is (see `print_json_line`).
+                let pretty = serde_json::to_string_pretty(&row).expect("a row serialises");
+                crate::outln!("{}", escaped_json(&pretty));
+            }
         }
         OutboxCommand::Retry { id, .. } => {
             if !store.retry_dead(id, SystemClock.now_millis())? {
@@ -342,27 +348,30 @@ pub(super) fn events(command: EventsCommand) -> CommandResult {
             outcome,
             order_id,
             since,
+            json,
             ..
         } => {
-            let rows = store
-                .events(&EventQuery {
-                    provider,
-                    outcome,
-                    order_id,
-                    since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
-                    limit,
-                })?
-                .into_iter()
-                .map(|row| {
-                    [
-                        row.received_at,
-                        row.provider,
-                        row.outcome,
-                        row.event_type,
-                        row.order_id.unwrap_or_else(|| "-".into()),
-                        row.event_id,
-                    ]
-                });
+            let rows = store.events(&EventQuery {
+                provider,
+                outcome,
+                order_id,
+                since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
+                limit,
+            })?;
+            if json {
+                rows.iter().for_each(print_json_line);
+                return DONE;
+            }
+            let rows = rows.into_iter().map(|row| {
+                [
+                    row.received_at,
+                    row.provider,
+                    row.outcome,
+                    row.event_type,
+                    row.order_id.unwrap_or_else(|| "-".into()),
+                    row.event_id,
+                ]
+            });
             print_columns(
                 [
                     "RECEIVED_AT",
@@ -375,10 +384,16 @@ pub(super) fn events(command: EventsCommand) -> CommandResult {
                 rows.collect(),
             );
         }
-        EventsCommand::Show { id, provider, .. } => {
+        EventsCommand::Show {
+            id, provider, json, ..
+        } => {
             let rows = store.find_events(&id, provider.as_deref())?;
             if rows.is_empty() {
                 return Err(format!("no stored event with id {id}").into());
+            }
+            if json {
+                rows.iter().for_each(print_json_line);
+                return DONE;
             }
             for row in rows {
                 let s = &row.summary;

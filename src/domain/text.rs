@@ -69,6 +69,29 @@ pub fn is_invisible(c: char) -> bool {
     )
 }
 
+/// JSON text as serde_json writes it, with every character that [`Escaped`] escapes, but for
+/// the line breaks and tabs of its layout, written as a JSON `\uXXXX` escape: the same value
+/// for a JSON reader (`jq -r` prints the id as it was stored), and nothing a terminal acts on
+/// or hides. serde_json escapes only U+0000–U+001F, `"` and `\` in a string; DEL, the C1
+/// controls (U+009B is CSI to a terminal in 8-bit mode), the bidi overrides and the rest of
+/// [`is_invisible`] it writes as they are. Outside its strings, JSON text holds only ASCII
+/// punctuation, digits, letters and layout whitespace, and serde_json writes no raw line break
+/// or tab inside one, so every character replaced here is inside a string.
+pub fn escaped_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) || is_invisible(c) {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Like [`Escaped`], but keeps line breaks and tabs: for a block of text printed on lines of its
 /// own (a stored payload). A carriage return, which could overwrite a line already printed, is
 /// still escaped.
@@ -178,6 +201,34 @@ mod tests {
         assert_eq!(
             third_party_for_log("bad\u{2028}INFO forged"),
             "bad\\u{2028}INFO forged"
+        );
+    }
+
+    #[test]
+    fn json_keeps_its_value_and_layout_with_nothing_raw_that_a_terminal_acts_on() {
+        let id = "evt_\u{202e}gnp.exe\u{7f}\u{9b}\u{1b}\n\u{200b}\u{2028}\u{e0041}é🙂";
+        let value = serde_json::json!({ "event_id": id, "n": 1 });
+        let compact = serde_json::to_string(&value).unwrap();
+        // What serde_json leaves raw, and why this function exists.
+        assert!(
+            compact.contains(['\u{202e}', '\u{7f}', '\u{9b}', '\u{2028}']),
+            "{compact}"
+        );
+        let escaped = escaped_json(&compact);
+        assert_eq!(
+            escaped,
+            r#"{"event_id":"evt_\u202egnp.exe\u007f\u009b\u001b\n\u200b\u2028\udb40\udc41é🙂","n":1}"#
+        );
+        let read: serde_json::Value = serde_json::from_str(&escaped).unwrap();
+        assert_eq!(read, value, "the same value for a JSON reader");
+        let pretty = escaped_json(&serde_json::to_string_pretty(&value).unwrap());
+        assert!(
+            pretty.contains("\n  \"event_id\": \"evt_\\u202e"),
+            "{pretty}"
+        );
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&pretty).unwrap(),
+            value
         );
     }
 

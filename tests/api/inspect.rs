@@ -356,3 +356,128 @@ async fn events_and_outbox_listings_filter_by_outcome_order_and_since() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
 }
+
+/// The lines of `output`, each parsed as one JSON object.
+fn json_lines(output: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    assert!(output.ends_with('\n'), "{output:?}");
+    output
+        .lines()
+        .map(|line| match serde_json::from_str(line) {
+            Ok(serde_json::Value::Object(object)) => object,
+            other => panic!("not one JSON object on the line: {line:?} ({other:?})"),
+        })
+        .collect()
+}
+
+/// The names of an object's fields, sorted.
+fn keys(object: &serde_json::Map<String, serde_json::Value>) -> Vec<&str> {
+    let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+    keys.sort();
+    keys
+}
+
+/// Fails on the version without `--json`: a script had to cut the table's columns apart, and an
+/// id with a space or a line break broke them.
+#[actix_web::test]
+async fn json_output_is_one_object_per_line_with_every_field_and_the_values_as_stored() {
+    let app = spawn_app().await;
+    // A line break would split a line of JSON Lines that was not escaped; U+202E and U+009B
+    // (CSI), which serde_json leaves raw, would reach the terminal.
+    let (event_id, order_id) = ("evt_\u{202e}two\nlines", "ord_\u{9b}31m \u{2066}x");
+    let body = payment(event_id, order_id);
+    assert_eq!(app.deliver_stripe_body(&body).await.outcome(), "processed");
+    app.deliver_stripe("customer.created").await;
+
+    let db = &app.db_path;
+    let events = stdout_of(db, &["events", "list", "--json"]).await;
+    let outbox = stdout_of(db, &["outbox", "list", "--json"]).await;
+    let shown = stdout_of(db, &["events", "show", event_id, "--json"]).await;
+    let row = stdout_of(db, &["outbox", "show", "1", "--json"]).await;
+    for output in [&events, &outbox, &shown, &row] {
+        assert!(
+            !output.contains(['\u{202e}', '\u{9b}', '\u{2066}']),
+            "reached the terminal raw: {output:?}"
+        );
+    }
+
+    let events = json_lines(&events);
+    assert_eq!(events.len(), 2, "one line per event: {events:?}");
+    for event in &events {
+        assert_eq!(
+            keys(event),
+            [
+                "event_id",
+                "event_type",
+                "expires_at",
+                "order_id",
+                "outcome",
+                "provider",
+                "received_at"
+            ]
+        );
+    }
+    assert_eq!(
+        events[0]["event_id"], "evt_1QA0011customercreate",
+        "newest first"
+    );
+    assert_eq!(events[1]["event_id"], event_id, "as stored");
+    assert_eq!(events[1]["order_id"], order_id);
+    assert_eq!(events[1]["outcome"], "processed");
+
+    let shown = json_lines(&shown);
+    assert_eq!(shown.len(), 1);
+    assert_eq!(
+        keys(&shown[0]),
+        [
+            "event_id",
+            "event_type",
+            "expires_at",
+            "order_id",
+            "outcome",
+            "payload",
+            "payment_intent_id",
+            "provider",
+            "received_at"
+        ]
+    );
+    assert_eq!(
+        shown[0]["payload"],
+        String::from_utf8(body).unwrap(),
+        "the payload as received"
+    );
+    assert_eq!(shown[0]["payment_intent_id"], format!("pi_{order_id}"));
+
+    let outbox = json_lines(&outbox);
+    assert_eq!(outbox.len(), 1);
+    let expected_fields = [
+        "attempts",
+        "created_at",
+        "first_tried_at",
+        "id",
+        "idempotency_key",
+        "last_error",
+        "lease_owner",
+        "lease_until",
+        "next_attempt_at",
+        "order_id",
+        "params",
+        "recipient",
+        "sent_at",
+        "status",
+        "template",
+    ];
+    assert_eq!(keys(&outbox[0]), expected_fields);
+    assert_eq!(outbox[0]["order_id"], order_id);
+    assert_eq!(outbox[0]["recipient"], "ana@example.com");
+    let params: serde_json::Value =
+        serde_json::from_str(outbox[0]["params"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        params["order_id"], order_id,
+        "the parameters as a string of JSON"
+    );
+    assert_eq!(
+        json_lines(&row),
+        outbox,
+        "show --json is the row's line of list --json"
+    );
+}
