@@ -17,7 +17,10 @@ use crate::jobs::relay::RelayHost;
 use crate::providers::{ProviderSettings, Providers};
 use crate::startup::Application;
 use crate::store::sqlite::{SqliteMaintenance, SqliteStore, WriterConfig};
-use crate::store::{EventQuery, Maintenance, OutboxQuery, Store, StoreError, DEFAULT_PURGE_BATCH};
+use crate::store::{
+    EventQuery, Maintenance, NextTry, OutboxQuery, OutboxRow, Store, StoreError,
+    DEFAULT_PURGE_BATCH,
+};
 
 /// The provider settings of the command line, by `(provider, option)`: the generic
 /// `--retention` and `--provider-option`, and the flags that name one provider's option.
@@ -251,6 +254,32 @@ pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
     DONE
 }
 
+/// An outbox row as `outbox list --json` and `outbox show` print it: its columns, and when a
+/// relay will really try it next.
+#[derive(serde::Serialize)]
+struct ShownRow<'a> {
+    #[serde(flatten)]
+    row: &'a OutboxRow,
+    /// The earliest a relay may claim the row, as of the command's run: null for a sent, dead
+    /// or skipped row; for one under a live lease, the lease's end (the row is being sent, and
+    /// is tried again then only if its relay died), not its `next_attempt_at`, which has
+    /// passed; else its `next_attempt_at`. A time at or before the command's run (the table's
+    /// `now`) means due: the next relay to look claims it.
+    next_try_at: Option<String>,
+}
+
+impl<'a> ShownRow<'a> {
+    fn at(row: &'a OutboxRow, now_ms: i64) -> Self {
+        let next_try_at = match row.next_try(now_ms) {
+            NextTry::Never => None,
+            NextTry::Now { since } => Some(since),
+            NextTry::At(at) => Some(at),
+            NextTry::Leased { until, .. } => Some(until),
+        };
+        ShownRow { row, next_try_at }
+    }
+}
+
 pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
     let (db, writable) = match &command {
         OutboxCommand::List { db, .. } | OutboxCommand::Show { db, .. } => (db, false),
@@ -272,18 +301,27 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
                 since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
                 limit,
             })?;
+            let now_ms = SystemClock.now_millis();
             if json {
-                rows.iter().for_each(print_json_line);
+                for row in &rows {
+                    print_json_line(&ShownRow::at(row, now_ms));
+                }
                 return DONE;
             }
             let rows = rows.into_iter().map(|r| {
+                let next_try = match r.next_try(now_ms) {
+                    NextTry::Never => "-".to_owned(),
+                    NextTry::Now { .. } => "now".to_owned(),
+                    NextTry::At(at) => at,
+                    NextTry::Leased { owner, until } => format!("leased by {owner} until {until}"),
+                };
                 [
                     r.id.to_string(),
                     r.status,
                     r.attempts.to_string(),
                     r.template,
                     r.order_id,
-                    r.next_attempt_at.unwrap_or_else(|| "-".into()),
+                    next_try,
                     r.last_error.unwrap_or_default(),
                 ]
             });
@@ -294,7 +332,7 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
                     "ATTEMPTS",
                     "TEMPLATE",
                     "ORDER_ID",
-                    "NEXT_ATTEMPT_AT",
+                    "NEXT_TRY",
                     "LAST_ERROR",
                 ],
                 rows.collect(),
@@ -304,11 +342,12 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
             let row = store
                 .outbox_row(id)?
                 .ok_or_else(|| format!("no outbox row with id {id}"))?;
+            let shown = ShownRow::at(&row, SystemClock.now_millis());
             if json {
-                print_json_line(&row);
+                print_json_line(&shown);
             } else {
                 // Escaped as a line of JSON is (see `print_json_line`).
-                let pretty = serde_json::to_string_pretty(&row).expect("a row serialises");
+                let pretty = serde_json::to_string_pretty(&shown).expect("a row serialises");
                 crate::outln!("{}", escaped_json(&pretty));
             }
         }

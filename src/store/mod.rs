@@ -25,8 +25,9 @@ pub use crate::domain::Outcome;
 use crate::domain::{NormalizedEvent, OrderStatus};
 pub use model::{
     BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
-    IdempotentOutcome, NewOrder, OrderView, OutboxQuery, OutboxRow, Purged, RunCounts, SendOutcome,
-    SendResult, SetStatusError, StoreStats, StoredResponse, WriterStats, DEFAULT_PURGE_BATCH,
+    IdempotentOutcome, NewOrder, NextTry, OrderView, OutboxQuery, OutboxRow, Purged, RunCounts,
+    SendOutcome, SendResult, SetStatusError, StoreStats, StoredResponse, WriterStats,
+    DEFAULT_PURGE_BATCH,
 };
 
 /// A store failure. Engine errors keep their own codes (SQLite's extended result code is in the

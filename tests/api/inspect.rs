@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::helpers::*;
 
@@ -459,6 +462,7 @@ async fn json_output_is_one_object_per_line_with_every_field_and_the_values_as_s
         "lease_owner",
         "lease_until",
         "next_attempt_at",
+        "next_try_at",
         "order_id",
         "params",
         "recipient",
@@ -479,5 +483,322 @@ async fn json_output_is_one_object_per_line_with_every_field_and_the_values_as_s
         json_lines(&row),
         outbox,
         "show --json is the row's line of list --json"
+    );
+}
+
+/// How the stand-in email API answers the emails of an order (named in the subject).
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    /// 200 at once.
+    Accept,
+    /// 503 with `Retry-After: 3600` to the first try, so the relay waits an hour (its default
+    /// --relay-max-delay); 200 after.
+    RetryInAnHour,
+    /// Holds the request until the test releases it, then 200: the relay that sent it keeps
+    /// the row's lease meanwhile.
+    HoldThenAccept,
+}
+
+/// An HTTP email API (the shape of `SEKALI_MAIL_API_URL`) answering as the test scripts.
+struct EmailApi {
+    url: String,
+    /// The subject of every request, in the order they came.
+    subjects: Arc<Mutex<Vec<String>>>,
+    released: Arc<AtomicBool>,
+    _server: actix_web::dev::ServerHandle,
+}
+
+impl EmailApi {
+    /// Requests seen whose subject names `order_id`.
+    fn tries_of(&self, order_id: &str) -> usize {
+        let subjects = self.subjects.lock().unwrap();
+        subjects.iter().filter(|s| s.contains(order_id)).count()
+    }
+
+    fn release(&self) {
+        self.released.store(true, Ordering::SeqCst);
+    }
+
+    /// `sekali serve`, its relay sending through this API, with `env` besides.
+    async fn serve(&self, env: &[(&str, &str)]) -> ServeProcess {
+        let mut env: Vec<(String, String)> = env
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        env.extend([
+            ("STRIPE_WEBHOOK_SECRET".into(), STRIPE_SECRET.into()),
+            ("SEKALI_MAIL_API_URL".into(), self.url.clone()),
+            ("SEKALI_MAIL_API_KEY".into(), "re_test_key".into()),
+            ("SEKALI_MAIL_FROM".into(), "shop@sekali.test".into()),
+        ]);
+        actix_web::rt::task::spawn_blocking(move || {
+            let env: Vec<(&str, &str)> =
+                env.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            ServeProcess::start(&env, "warn")
+        })
+        .await
+        .unwrap()
+    }
+}
+
+/// Starts an [`EmailApi`] answering each order of `replies` so, and any other with 200.
+async fn email_api(replies: &[(&'static str, Reply)]) -> EmailApi {
+    use actix_web::{web, App, HttpResponse, HttpServer};
+    let replies = replies.to_vec();
+    let subjects: Arc<Mutex<Vec<String>>> = Default::default();
+    let released = Arc::new(AtomicBool::new(false));
+    let state = (replies, subjects.clone(), released.clone());
+    let server = HttpServer::new(move || {
+        let (replies, subjects, released) = state.clone();
+        App::new().route(
+            "/emails",
+            web::post().to(move |body: web::Json<serde_json::Value>| {
+                let (replies, subjects, released) =
+                    (replies.clone(), subjects.clone(), released.clone());
+                async move {
+                    let subject = body["subject"].as_str().unwrap_or_default().to_owned();
+                    let tries = {
+                        let mut subjects = subjects.lock().unwrap();
+                        subjects.push(subject.clone());
+                        subjects.iter().filter(|s| **s == subject).count()
+                    };
+                    let reply = replies
+                        .iter()
+                        .find(|(order_id, _)| subject.contains(order_id))
+                        .map_or(Reply::Accept, |(_, reply)| *reply);
+                    match reply {
+                        Reply::RetryInAnHour if tries == 1 => {
+                            return HttpResponse::ServiceUnavailable()
+                                .insert_header(("Retry-After", "3600"))
+                                .json(serde_json::json!({"message": "busy"}));
+                        }
+                        Reply::HoldThenAccept => {
+                            // Within the relay's 30 s send timeout.
+                            for _ in 0..1000 {
+                                if released.load(Ordering::SeqCst) {
+                                    break;
+                                }
+                                actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
+                        _ => {}
+                    }
+                    HttpResponse::Ok().json(serde_json::json!({"id": format!("email_{tries}")}))
+                }
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let port = server.addrs()[0].port();
+    let server = server.run();
+    let handle = server.handle();
+    actix_web::rt::spawn(server);
+    EmailApi {
+        url: format!("http://127.0.0.1:{port}/emails"),
+        subjects,
+        released,
+        _server: handle,
+    }
+}
+
+/// Signs `body` as Stripe would now and POSTs it to a served sekali; the outcome it answered.
+async fn deliver_to(server: &ServeProcess, body: Vec<u8>) -> String {
+    let header = stripe_header(&body, sekali::clock::SystemClock.now_unix());
+    let mut response = awc::Client::default()
+        .post(format!("{}/webhooks/stripe", server.base_url()))
+        .insert_header(("Stripe-Signature", header))
+        .insert_header(("Content-Type", "application/json"))
+        .send_body(body)
+        .await
+        .unwrap();
+    let answer: serde_json::Value = response.json().await.unwrap();
+    answer["status"].as_str().unwrap_or_default().to_owned()
+}
+
+/// An outbox row as the relay left it.
+#[derive(Debug)]
+struct RowState {
+    status: String,
+    attempts: i64,
+    lease_owner: Option<String>,
+}
+
+/// Polls outbox row `id` in `db` until `ready` holds, at most 20 s (the machine is shared: the
+/// deadline is generous, and no step is timed more tightly).
+async fn wait_for_row(
+    db: &Path,
+    id: i64,
+    what: &str,
+    ready: impl Fn(&RowState) -> bool,
+) -> RowState {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let row = conn
+            .query_row(
+                "SELECT status, attempts, lease_owner FROM email_outbox WHERE id = ?1",
+                [id],
+                |r| {
+                    Ok(RowState {
+                        status: r.get(0)?,
+                        attempts: r.get(1)?,
+                        lease_owner: r.get(2)?,
+                    })
+                },
+            )
+            .ok();
+        if let Some(row) = row {
+            if ready(&row) {
+                return row;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "row {id}, waiting for {what}: {row:?}"
+            );
+        } else {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "row {id} never came, waiting for {what}"
+            );
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Unix seconds of a stored time.
+fn unix_of(at: &str) -> u64 {
+    humantime::parse_rfc3339(at)
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The cells of a listing's rows, header left out: columns are two spaces or more apart.
+fn cells(listing: &str) -> Vec<Vec<&str>> {
+    listing
+        .lines()
+        .skip(1)
+        .map(|line| {
+            line.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .collect()
+        })
+        .collect()
+}
+
+/// Fails on the version whose NEXT_ATTEMPT_AT showed a row being sent as due in the past, and a
+/// sent row as `-` alike with one that will never be tried: a first-time user read the row under
+/// a lease as stuck.
+#[actix_web::test]
+async fn outbox_list_shows_when_each_row_is_really_tried_next() {
+    let api = email_api(&[
+        ("ord_wait", Reply::RetryInAnHour),
+        ("ord_held", Reply::HoldThenAccept),
+    ])
+    .await;
+    let server = api.serve(&[]).await;
+    let db = server.db_path();
+    let sent = payment("evt_sent", "ord_sent");
+    assert_eq!(deliver_to(&server, sent).await, "processed");
+    wait_for_row(&db, 1, "sent", |r| r.status == "sent").await;
+    assert_eq!(
+        deliver_to(&server, payment("evt_wait", "ord_wait")).await,
+        "processed"
+    );
+    wait_for_row(&db, 2, "the 503", |r| r.attempts == 1).await;
+    assert_eq!(
+        deliver_to(&server, payment("evt_held", "ord_held")).await,
+        "processed"
+    );
+    wait_for_row(&db, 3, "a lease", |r| r.lease_owner.is_some()).await;
+
+    let started = sekali::clock::SystemClock.now_unix() as u64;
+    let table = stdout_of(&db, &["outbox", "list"]).await;
+    let json = json_lines(&stdout_of(&db, &["outbox", "list", "--json"]).await);
+    let rows = cells(&table);
+    assert!(table.starts_with("ID  STATUS"), "{table}");
+    assert!(
+        table.lines().next().unwrap().contains("NEXT_TRY"),
+        "{table}"
+    );
+    assert_eq!(rows.len(), 3, "{table}");
+
+    // Row 3 is being sent: tried again only if its relay dies, when the lease runs out; its
+    // next_attempt_at has passed.
+    let (held, owner, until) = (&json[0], &json[0]["lease_owner"], &json[0]["lease_until"]);
+    let (owner, until) = (owner.as_str().unwrap(), until.as_str().unwrap());
+    assert_eq!(rows[0][0], "3");
+    assert_eq!(
+        rows[0][5],
+        format!("leased by {owner} until {until}"),
+        "{table}"
+    );
+    assert_eq!(held["next_try_at"], until);
+    let next_attempt = held["next_attempt_at"].as_str().unwrap();
+    assert!(unix_of(next_attempt) <= started, "due already: {held:?}");
+    assert!(
+        unix_of(until) >= started + 4 * 60,
+        "the 5-minute lease: {held:?}"
+    );
+
+    // Row 2 waits out the email API's Retry-After.
+    let waiting = &json[1];
+    let next_attempt = waiting["next_attempt_at"].as_str().unwrap();
+    assert_eq!(
+        (rows[1][0], rows[1][1], rows[1][2]),
+        ("2", "pending", "1"),
+        "{table}"
+    );
+    assert_eq!(rows[1][5], next_attempt, "{table}");
+    assert_eq!(waiting["next_try_at"], next_attempt);
+    assert!(
+        unix_of(next_attempt) >= started + 50 * 60,
+        "an hour away: {waiting:?}"
+    );
+
+    // Row 1 is sent: no next try.
+    assert_eq!(
+        (rows[2][0], rows[2][1], rows[2][5]),
+        ("1", "sent", "-"),
+        "{table}"
+    );
+    assert_eq!(json[2]["next_try_at"], serde_json::Value::Null);
+    // `outbox show` says the same as the listing.
+    let shown: serde_json::Value =
+        serde_json::from_str(&stdout_of(&db, &["outbox", "show", "3"]).await).unwrap();
+    assert_eq!(shown["next_try_at"], until);
+
+    api.release();
+    wait_for_row(&db, 3, "the held row to be sent", |r| r.status == "sent").await;
+    assert_eq!(
+        (
+            api.tries_of("ord_sent"),
+            api.tries_of("ord_wait"),
+            api.tries_of("ord_held")
+        ),
+        (1, 1, 1)
+    );
+    let (status, _) = server.stop();
+    assert!(status.success());
+
+    // A row no relay has claimed yet, on a database no relay sends from, is due now: since its
+    // next_attempt_at, which has passed.
+    let app = spawn_app().await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+    let table = stdout_of(&app.db_path, &["outbox", "list"]).await;
+    let json = json_lines(&stdout_of(&app.db_path, &["outbox", "list", "--json"]).await);
+    assert_eq!(cells(&table)[0][5], "now", "{table}");
+    assert_eq!(json[0]["next_try_at"], json[0]["next_attempt_at"]);
+    let due = unix_of(json[0]["next_try_at"].as_str().unwrap());
+    assert!(
+        due <= sekali::clock::SystemClock.now_unix() as u64,
+        "{json:?}"
     );
 }
