@@ -29,8 +29,8 @@ use sekali::domain::{
 };
 use sekali::store::{
     ClaimRequest, ClaimedEmail, CreateOrder, EventQuery, IdempotentOutcome, Maintenance, NewOrder,
-    OrderQuery, OrderView, OutboxQuery, OutboxRow, Outcome, Purged, SendOutcome, SendResult,
-    SetStatusError, Store, StoreError, StoredResponse,
+    OrderQuery, OrderView, OutboxQuery, OutboxRow, Outcome, Purged, Retried, SendOutcome,
+    SendResult, SetStatusError, Store, StoreError, StoredResponse,
 };
 use serde_json::{json, Value};
 
@@ -155,7 +155,7 @@ macro_rules! conformance_suite {
                 sent_skipped_and_dead_rows_are_never_claimed_again,
                 a_failed_row_is_due_again_at_its_retry_time_and_not_before,
                 an_untried_row_counts_no_attempt,
-                retry_dead_revives_a_dead_row_and_only_a_dead_row,
+                retry_revives_a_dead_row_sends_a_waiting_one_now_and_leaves_the_rest,
                 a_claimed_email_carries_its_orders_text_locale,
                 // reads
                 orders_page_in_order_id_order_after_a_cursor_and_by_status,
@@ -1663,7 +1663,7 @@ mod suite {
         assert_eq!(t.row(held).status, "sent");
         assert_eq!(t.row(unclaimed).status, "pending");
         // Recorded once: the lease ended with it, in the same batch too.
-        t.advance(LEASE_MS as u64 / 1000);
+        t.advance(LEASE_MS as u64 / 1000 - 10);
         assert_eq!(t.claim("relay-a", 10).await.len(), 1);
         assert_eq!(
             t.results(
@@ -1800,37 +1800,112 @@ mod suite {
         );
     }
 
-    /// `retry_dead` brings a dead row back to pending, due at the time given, with its attempts
-    /// and first try reset; it refuses a row that is not dead.
-    pub async fn retry_dead_revives_a_dead_row_and_only_a_dead_row(t: Ctx) {
-        let ids = receipts(&t, 3).await;
+    /// `retry` brings a dead row back to pending, due at the time given, with its attempts
+    /// and first try reset; it makes a pending row waiting for its backoff due at that time,
+    /// with its attempts and first try kept (an earlier due time is kept); it leaves a row
+    /// under a live lease, a sent one and a skipped one alone, saying why.
+    pub async fn retry_revives_a_dead_row_sends_a_waiting_one_now_and_leaves_the_rest(t: Ctx) {
+        let ids = receipts(&t, 5).await;
+        t.record(ev("evt_nobody").order("ord_nobody").to(Paid))
+            .await; // no recipient
+        let nobody = t.emails("ord_nobody")[0].id;
         t.claim("relay-a", 10).await;
+        let retry_at = t.now_ms() + 3_600_000;
         let recorded = t
             .results(
                 "relay-a",
-                &[(ids[0], failed(None)), (ids[1], SendOutcome::Sent)],
+                &[
+                    (ids[0], failed(None)),
+                    (ids[1], SendOutcome::Sent),
+                    (ids[2], failed(Some(retry_at))),
+                    (ids[3], untried(Some(t.now_ms()))),
+                    (nobody, SendOutcome::Skipped),
+                ],
             )
             .await;
-        assert_eq!(recorded, [true, true]);
-        t.advance(3600);
+        assert_eq!(recorded, [true; 5]);
+        // ids[4] stays claimed by relay-a, whose lease has 20 s left.
+        t.advance(10);
 
-        assert!(!t.ops.retry_dead(ids[1], t.now_ms()).unwrap(), "sent");
-        assert!(!t.ops.retry_dead(ids[2], t.now_ms()).unwrap(), "pending");
-        assert!(!t.ops.retry_dead(999_999, t.now_ms()).unwrap(), "missing");
+        assert_eq!(
+            t.ops.retry(ids[1], t.now_ms()).unwrap(),
+            Retried::Finished {
+                status: "sent".into()
+            }
+        );
+        assert_eq!(
+            t.ops.retry(nobody, t.now_ms()).unwrap(),
+            Retried::Finished {
+                status: "skipped".into()
+            }
+        );
+        assert_eq!(t.ops.retry(999_999, t.now_ms()).unwrap(), Retried::Missing);
+        let leased = t.row(ids[4]);
+        assert_eq!(
+            t.ops.retry(ids[4], t.now_ms()).unwrap(),
+            Retried::Leased {
+                owner: "relay-a".into(),
+                until: leased.lease_until.clone().unwrap()
+            }
+        );
+        assert_eq!(
+            serde_json::to_value(t.row(ids[4])).unwrap(),
+            serde_json::to_value(&leased).unwrap(),
+            "a leased row is left alone"
+        );
         assert_eq!(t.row(ids[1]).status, "sent");
 
-        assert!(t.ops.retry_dead(ids[0], t.now_ms()).unwrap());
+        // Dead: pending, due now, a fresh start.
+        assert_eq!(t.ops.retry(ids[0], t.now_ms()).unwrap(), Retried::Revived);
         let row = t.row(ids[0]);
         assert_eq!((row.status.as_str(), row.attempts), ("pending", 0));
         assert_eq!(row.first_tried_at, None);
         assert_eq!(row.next_attempt_at, Some(iso_millis(t.now_ms())));
-        assert!(
-            !t.ops.retry_dead(ids[0], t.now_ms()).unwrap(),
-            "no longer dead"
-        );
 
-        let claimed: Vec<i64> = t.claim("relay-b", 10).await.iter().map(|e| e.id).collect();
-        assert!(claimed.contains(&ids[0]), "{claimed:?}");
+        // Waiting for its backoff: due now, its attempts and first try kept.
+        let before = t.row(ids[2]);
+        assert_eq!(
+            t.ops.retry(ids[2], t.now_ms()).unwrap(),
+            Retried::DueNow {
+                was: iso_millis(retry_at),
+                attempts: 1
+            }
+        );
+        let row = t.row(ids[2]);
+        assert_eq!((row.status.as_str(), row.attempts), ("pending", 1));
+        assert_eq!(row.first_tried_at, before.first_tried_at);
+        assert!(row.first_tried_at.is_some());
+        assert_eq!(row.next_attempt_at, Some(iso_millis(t.now_ms())));
+
+        // Already due: keeps its earlier time, and its place in the claims' order.
+        let due_since = t.row(ids[3]).next_attempt_at.unwrap();
+        assert_eq!(
+            t.ops.retry(ids[3], t.now_ms()).unwrap(),
+            Retried::DueNow {
+                was: due_since.clone(),
+                attempts: 0
+            }
+        );
+        assert_eq!(t.row(ids[3]).next_attempt_at, Some(due_since));
+
+        let mut claimed: Vec<i64> = t.claim("relay-b", 10).await.iter().map(|e| e.id).collect();
+        claimed.sort();
+        assert_eq!(claimed, [ids[0], ids[2], ids[3]]);
+
+        // Once the lease of the row relay-a held ran out (it died), it is pending and due.
+        t.advance(LEASE_MS as u64 / 1000 - 10);
+        let (owner, until) = (leased.lease_owner, leased.lease_until);
+        assert!(owner.is_some() && until.is_some());
+        assert!(matches!(
+            t.ops.retry(ids[4], t.now_ms()).unwrap(),
+            Retried::DueNow { attempts: 0, .. }
+        ));
+        let row = t.row(ids[4]);
+        assert_eq!(
+            (row.lease_owner, row.lease_until),
+            (None, None),
+            "the dead lease cleared"
+        );
     }
 
     /// A claimed email carries its order's `metadata.locale` when that is text, and none

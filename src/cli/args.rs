@@ -45,7 +45,7 @@ pub enum Command {
     /// Run the outbox relay alone (for a separate process); `serve` runs one too unless
     /// --no-relay.
     Relay(RelayCommandArgs),
-    /// Inspect the email outbox, and revive dead rows.
+    /// Inspect the email outbox, and send a waiting or dead row now.
     #[command(subcommand)]
     Outbox(OutboxCommand),
 }
@@ -423,7 +423,9 @@ pub enum OutboxCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Put a dead row back to pending, due now, attempts reset.
+    /// Send a row now: a pending row waiting for its next try becomes due now, its attempts
+    /// kept; a dead row becomes pending and due now, its attempts reset. A sent or skipped row,
+    /// or one a relay is sending, is left alone.
     Retry {
         /// The row's id (the ID column of `outbox list`).
         id: i64,

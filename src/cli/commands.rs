@@ -18,7 +18,7 @@ use crate::providers::{ProviderSettings, Providers};
 use crate::startup::Application;
 use crate::store::sqlite::{SqliteMaintenance, SqliteStore, WriterConfig};
 use crate::store::{
-    EventQuery, Maintenance, NextTry, OutboxQuery, OutboxRow, Store, StoreError,
+    EventQuery, Maintenance, NextTry, OutboxQuery, OutboxRow, Retried, Store, StoreError,
     DEFAULT_PURGE_BATCH,
 };
 
@@ -352,17 +352,34 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
             }
         }
         OutboxCommand::Retry { id, .. } => {
-            if !store.retry_dead(id, SystemClock.now_millis())? {
-                return Err(match store.outbox_row(id)? {
-                    Some(row) => format!(
-                        "outbox row {id} is {}, not dead (only dead rows can be retried)",
-                        row.status
-                    ),
-                    None => format!("no outbox row with id {id}"),
+            let refused = match store.retry(id, SystemClock.now_millis())? {
+                Retried::Revived => {
+                    crate::outln!("outbox row {id}: dead -> pending");
+                    return DONE;
                 }
-                .into());
-            }
-            crate::outln!("outbox row {id}: dead -> pending");
+                Retried::DueNow { was, attempts } => {
+                    crate::outln!(
+                        "outbox row {id}: pending, due now (was due at {was}; attempts kept: \
+                         {attempts})"
+                    );
+                    return DONE;
+                }
+                Retried::Leased { owner, until } => format!(
+                    "outbox row {id} is being sent by {} (its lease runs until {until}); if that \
+                     relay died, the row is tried again then",
+                    Escaped(&owner)
+                ),
+                Retried::Finished { status } if status == "skipped" => format!(
+                    "outbox row {id} is skipped: it has no recipient address (only pending and \
+                     dead rows can be retried)"
+                ),
+                Retried::Finished { status } => format!(
+                    "outbox row {id} is {status}: the transport confirmed it (only pending and \
+                     dead rows can be retried)"
+                ),
+                Retried::Missing => format!("no outbox row with id {id}"),
+            };
+            return Err(refused.into());
         }
     }
     DONE

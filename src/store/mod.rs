@@ -25,8 +25,8 @@ pub use crate::domain::Outcome;
 use crate::domain::{NormalizedEvent, OrderStatus};
 pub use model::{
     BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
-    IdempotentOutcome, NewOrder, NextTry, OrderView, OutboxQuery, OutboxRow, Purged, RunCounts,
-    SendOutcome, SendResult, SetStatusError, StoreStats, StoredResponse, WriterStats,
+    IdempotentOutcome, NewOrder, NextTry, OrderView, OutboxQuery, OutboxRow, Purged, Retried,
+    RunCounts, SendOutcome, SendResult, SetStatusError, StoreStats, StoredResponse, WriterStats,
     DEFAULT_PURGE_BATCH,
 };
 
@@ -196,8 +196,11 @@ pub trait Maintenance {
 
     fn outbox_row(&self, id: i64) -> Result<Option<OutboxRow>, StoreError>;
 
-    /// A dead row back to pending, due now, with its attempts reset. False if it was not dead.
-    fn retry_dead(&self, id: i64, now_ms: i64) -> Result<bool, StoreError>;
+    /// `sekali outbox retry`: makes row `id` due at `now_ms`, if it is dead (its attempts and
+    /// first try reset) or pending under no live lease (its attempts and first try kept); says
+    /// what it did, or why it did nothing (see [`Retried`]). One transaction: no relay's claim
+    /// or result falls between the look and the change.
+    fn retry(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError>;
 
     /// The operator's override: any status, recorded as a transition by `operator`, with the
     /// customer notice the new status carries. Returns the previous status.

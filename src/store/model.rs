@@ -95,6 +95,28 @@ fn unix_millis(at: &str) -> Option<i64> {
     i64::try_from(since_epoch.as_millis()).ok()
 }
 
+/// What [`Maintenance::retry`](super::Maintenance::retry) did with an outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retried {
+    /// It was dead: now pending and due, its attempts and first try reset. The operator starts
+    /// it over (after fixing an address, or once the email API is back): it gets the whole
+    /// `--relay-max-attempts` again.
+    Revived,
+    /// It was pending, waiting for its next try at `was`: now due (or still due since `was`,
+    /// if that had passed), its `attempts` and first try kept. It is in the middle of its
+    /// tries: they still count against the attempt limit, and its first try still starts the
+    /// downstream key's lifetime, so sending it sooner cannot stretch its tries past what
+    /// `--relay-max-attempts` and the key's 24 h allow.
+    DueNow { was: String, attempts: i64 },
+    /// Pending under a live lease: a relay is sending it. Left alone, as taking the lease away
+    /// could have two relays send it at once; if that relay died, the row is due at `until`.
+    Leased { owner: String, until: String },
+    /// Sent or skipped (`status`): there is nothing to send again.
+    Finished { status: String },
+    /// No row has this id.
+    Missing,
+}
+
 /// What a relay asks for: up to `limit` due rows, held for `owner` until `now + lease`.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {

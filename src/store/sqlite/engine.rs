@@ -13,7 +13,7 @@ use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
     BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
-    IdempotentOutcome, OrderView, OutboxQuery, OutboxRow, Purged, RunCounts, SendResult,
+    IdempotentOutcome, OrderView, OutboxQuery, OutboxRow, Purged, Retried, RunCounts, SendResult,
     SetStatusError, StoreStats,
 };
 use crate::store::{CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError};
@@ -173,8 +173,8 @@ impl Maintenance for SqliteMaintenance {
         Ok(outbox::get(&self.conn, id)?)
     }
 
-    fn retry_dead(&self, id: i64, now_ms: i64) -> Result<bool, StoreError> {
-        outbox::retry_dead(&self.conn, id, now_ms)
+    fn retry(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
+        outbox::retry(&self.conn, id, now_ms)
     }
 
     fn set_status_by_operator(

@@ -6,7 +6,7 @@
 //! timeout, and a relay that overran its lease finds its update refused.
 
 use crate::store::model::{
-    ClaimRequest, ClaimedEmail, OutboxQuery, OutboxRow, SendOutcome, SendResult,
+    ClaimRequest, ClaimedEmail, OutboxQuery, OutboxRow, Retried, SendOutcome, SendResult,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -154,17 +154,58 @@ pub fn record_results_in_transaction(
         .collect()
 }
 
-/// A dead row back to pending, due now, with its attempts reset. False if it was not dead.
-pub fn retry_dead(conn: &Connection, id: i64, now_ms: i64) -> Result<bool, StoreError> {
+/// `sekali outbox retry` (see [`Retried`]), in one write transaction. Times are fixed-width
+/// text here, compared as text, as the claim compares them.
+pub fn retry(conn: &Connection, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
+    let now = iso_millis(now_ms);
     in_write_transaction(conn, || {
-        Ok(conn
+        let row = conn
             .prepare_cached(
-                "UPDATE email_outbox SET status = 'pending', attempts = 0, next_attempt_at = ?2,
-                        lease_owner = NULL, lease_until = NULL, first_tried_at = NULL
-                 WHERE id = ?1 AND status = 'dead'",
+                "SELECT status, next_attempt_at, attempts, lease_owner, lease_until
+                 FROM email_outbox WHERE id = ?1",
             )?
-            .execute(params![id, iso_millis(now_ms)])?
-            == 1)
+            .query_row([id], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, Option<String>>(1)?,
+                    row.get::<_, i64>(2)?,
+                    row.get::<_, Option<String>>(3)?,
+                    row.get::<_, Option<String>>(4)?,
+                ))
+            })
+            .optional()?;
+        let Some((status, next_attempt_at, attempts, lease_owner, lease_until)) = row else {
+            return Ok(Retried::Missing);
+        };
+        match (status.as_str(), lease_owner, lease_until) {
+            ("dead", _, _) => {
+                conn.prepare_cached(
+                    "UPDATE email_outbox SET status = 'pending', attempts = 0, next_attempt_at = ?2,
+                            lease_owner = NULL, lease_until = NULL, first_tried_at = NULL
+                     WHERE id = ?1",
+                )?
+                .execute(params![id, now])?;
+                Ok(Retried::Revived)
+            }
+            ("pending", Some(owner), Some(until)) if until > now => {
+                Ok(Retried::Leased { owner, until })
+            }
+            ("pending", _, _) => {
+                // A row already due keeps its time, and so its place in the claims' order; a
+                // lease that ran out (its relay died) is cleared.
+                conn.prepare_cached(
+                    "UPDATE email_outbox SET next_attempt_at = min(coalesce(next_attempt_at, ?2), ?2),
+                            lease_owner = NULL, lease_until = NULL
+                     WHERE id = ?1",
+                )?
+                .execute(params![id, now])?;
+                Ok(Retried::DueNow {
+                    was: next_attempt_at.unwrap_or(now),
+                    attempts,
+                })
+            }
+            _ => Ok(Retried::Finished { status }),
+        }
     })
 }
 
