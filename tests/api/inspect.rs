@@ -872,3 +872,49 @@ async fn outbox_retry_sends_a_row_waiting_for_its_next_try_now_and_keeps_its_att
     let (status, _) = server.stop();
     assert!(status.success());
 }
+
+/// Fails on the version that escaped control characters only: an order id with U+202E reached
+/// the log raw, in the warning of an order that needs review, and reversed the rest of the line
+/// in a terminal following the log.
+#[actix_web::test]
+async fn a_logged_order_id_shows_its_bidi_override_escaped() {
+    let server = actix_web::rt::task::spawn_blocking(|| {
+        ServeProcess::start(&[("MIDTRANS_SERVER_KEY", MIDTRANS_KEY)], "warn")
+    })
+    .await
+    .unwrap();
+    // A settlement of an order, then a cancel of the same transaction: a reversal, which logs
+    // the order id at warn.
+    let notification = |status: &str, code: &str| {
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&fixture("midtrans/settlement.json")).unwrap();
+        value["order_id"] = "ORDER-\u{202e}1002\u{2066}".into();
+        value["transaction_status"] = status.into();
+        value["status_code"] = code.into();
+        sign_midtrans(&serde_json::to_vec(&value).unwrap())
+    };
+    for (body, outcome) in [
+        (notification("settlement", "200"), "processed"),
+        (notification("cancel", "202"), "reversed"),
+    ] {
+        let mut response = awc::Client::default()
+            .post(format!("{}/webhooks/midtrans", server.base_url()))
+            .insert_header(("Content-Type", "application/json"))
+            .send_body(body)
+            .await
+            .unwrap();
+        let answer: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(answer["status"], outcome, "{answer}");
+    }
+    let (status, logs) = server.stop();
+    assert!(status.success());
+    let warning = logs
+        .lines()
+        .find(|line| line.contains("order moved to needs_review"))
+        .unwrap_or_else(|| panic!("no needs_review warning: {logs}"));
+    assert!(
+        warning.contains("order_id=ORDER-\\u{202e}1002\\u{2066}"),
+        "{warning}"
+    );
+    assert!(!logs.contains(HIDDEN), "raw in the log: {logs:?}");
+}
