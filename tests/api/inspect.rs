@@ -106,13 +106,14 @@ async fn listings_print_bidi_overrides_and_invisible_characters_in_ids_escaped()
 #[test]
 fn a_command_whose_database_does_not_exist_says_how_to_choose_it_and_creates_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let commands: [&[&str]; 10] = [
+    // `orders set-status` opens its database through the same `open_maintenance`; it is not
+    // run here, so that this test does not depend on that command's other arguments.
+    let commands: [&[&str]; 9] = [
         &["events", "list"],
         &["events", "show", "evt_1"],
         &["outbox", "list"],
         &["outbox", "show", "1"],
         &["outbox", "retry", "1"],
-        &["orders", "set-status", "ord_1", "paid"],
         &["purge"],
         &["backup", "copy.db"],
         &["relay"],
