@@ -369,14 +369,17 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
                      relay died, the row is tried again then",
                     Escaped(&owner)
                 ),
-                Retried::Finished { status } if status == "skipped" => format!(
-                    "outbox row {id} is skipped: it has no recipient address (only pending and \
-                     dead rows can be retried)"
-                ),
-                Retried::Finished { status } => format!(
-                    "outbox row {id} is {status}: the transport confirmed it (only pending and \
-                     dead rows can be retried)"
-                ),
+                Retried::Finished { status } => {
+                    let why = match status.as_str() {
+                        "sent" => "the transport confirmed it",
+                        "skipped" => "it has no recipient address",
+                        _ => "there is nothing to send again",
+                    };
+                    format!(
+                        "outbox row {id} is {status}: {why} (only pending and dead rows can be \
+                         retried)"
+                    )
+                }
                 Retried::Missing => format!("no outbox row with id {id}"),
             };
             return Err(refused.into());
