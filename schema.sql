@@ -185,8 +185,9 @@ CREATE TABLE IF NOT EXISTS email_outbox (
     last_error        TEXT,
     sent_at           TEXT,
     -- When the first try that may have reached the transport was made (a try counted in
-    -- `attempts`); NULL before it, and again after `sekali outbox retry`. With the HTTP email API
-    -- the relay sends no try past this plus the API's key lifetime (24 h). Added in version 3.
+    -- `attempts`); NULL before it, and again after `sekali outbox retry` of a dead row. With the
+    -- HTTP email API the relay sends no try past this plus the API's key lifetime (24 h). Added
+    -- in version 3.
     first_tried_at    TEXT
 );
 

@@ -28,9 +28,9 @@ use sekali::domain::{
     EmailAddress, NormalizedEvent, OrderRef, OrderStatus, ProviderName, StatusChange,
 };
 use sekali::store::{
-    ClaimRequest, ClaimedEmail, CreateOrder, IdempotentOutcome, Maintenance, NewOrder,
-    OperatorChange, OrderQuery, OrderView, OutboxRow, Outcome, Purged, SendOutcome, SendResult,
-    SetStatusError, Store, StoreError, StoredResponse, Transition,
+    ClaimRequest, ClaimedEmail, CreateOrder, EventQuery, IdempotentOutcome, Maintenance, NewOrder,
+    OperatorChange, OrderQuery, OrderView, OutboxQuery, OutboxRow, Outcome, Purged, Retried,
+    SendOutcome, SendResult, SetStatusError, Store, StoreError, StoredResponse, Transition,
 };
 use serde_json::{json, Value};
 
@@ -155,14 +155,16 @@ macro_rules! conformance_suite {
                 sent_skipped_and_dead_rows_are_never_claimed_again,
                 a_failed_row_is_due_again_at_its_retry_time_and_not_before,
                 an_untried_row_counts_no_attempt,
-                retry_dead_revives_a_dead_row_and_only_a_dead_row,
+                retry_revives_a_dead_row_sends_a_waiting_one_now_and_leaves_the_rest,
                 a_claimed_email_carries_its_orders_text_locale,
                 // reads
                 orders_page_in_order_id_order_after_a_cursor_and_by_status,
                 a_missing_order_or_outbox_row_reads_as_none,
                 events_are_listed_newest_first_by_provider_up_to_the_limit,
+                events_are_filtered_by_outcome_order_and_time_together,
                 an_event_claimed_again_after_its_retention_is_listed_as_the_newest,
                 the_outbox_is_listed_newest_first_by_status,
+                the_outbox_is_filtered_by_status_order_and_time_together,
                 the_store_answers_its_health_check,
                 stats_count_transactions_deliveries_and_relay_work,
                 run_counts_count_the_rows_of_one_marker,
@@ -462,7 +464,7 @@ impl Ctx {
 
     /// Every outbox row, oldest first.
     fn outbox(&self) -> Vec<OutboxRow> {
-        let mut rows = self.ops.outbox(None, ALL).unwrap();
+        let mut rows = self.ops.outbox(&OutboxQuery::newest(ALL)).unwrap();
         rows.reverse();
         rows
     }
@@ -517,7 +519,7 @@ impl Ctx {
     /// Everything the interfaces show of the database: orders, events with their payloads, and
     /// the outbox.
     async fn snapshot(&self) -> Value {
-        let events = self.ops.events(None, ALL).unwrap();
+        let events = self.ops.events(&EventQuery::newest(ALL)).unwrap();
         let details: Vec<_> = events
             .iter()
             .map(|e| {
@@ -530,7 +532,7 @@ impl Ctx {
             "orders": self.all_orders().await,
             "events": events,
             "details": details,
-            "outbox": self.ops.outbox(None, ALL).unwrap(),
+            "outbox": self.ops.outbox(&OutboxQuery::newest(ALL)).unwrap(),
         })
     }
 
@@ -1338,7 +1340,7 @@ mod suite {
         t.record(paid("evt_paid", "ord_2")).await;
         t.advance(3600 - 1);
         let orders = t.all_orders().await;
-        let outbox = t.ops.outbox(None, ALL).unwrap();
+        let outbox = t.ops.outbox(&OutboxQuery::newest(ALL)).unwrap();
 
         let purged = t.store.purge_batch(100).await.unwrap();
         assert_eq!(
@@ -1350,7 +1352,7 @@ mod suite {
         );
         let mut left: Vec<String> = t
             .ops
-            .events(None, ALL)
+            .events(&EventQuery::newest(ALL))
             .unwrap()
             .into_iter()
             .map(|e| e.event_id)
@@ -1360,7 +1362,7 @@ mod suite {
         assert_eq!(t.outcome_of("evt_parked"), "parked");
         assert_eq!(t.all_orders().await, orders);
         assert_eq!(
-            serde_json::to_value(t.ops.outbox(None, ALL).unwrap()).unwrap(),
+            serde_json::to_value(t.ops.outbox(&OutboxQuery::newest(ALL)).unwrap()).unwrap(),
             serde_json::to_value(outbox).unwrap()
         );
         let live_key = create("shop", "key-3", "fp", new_order("ord_api_3"));
@@ -1391,7 +1393,7 @@ mod suite {
             t.ops.purge_all_expired(T0 + 60, 2).unwrap(),
             Purged::default()
         );
-        assert_eq!(t.ops.events(None, ALL).unwrap().len(), 3);
+        assert_eq!(t.ops.events(&EventQuery::newest(ALL)).unwrap().len(), 3);
         assert_eq!(t.outcome_of("evt_parked"), "parked");
     }
 
@@ -1698,7 +1700,7 @@ mod suite {
         assert_eq!(t.row(held).status, "sent");
         assert_eq!(t.row(unclaimed).status, "pending");
         // Recorded once: the lease ended with it, in the same batch too.
-        t.advance(LEASE_MS as u64 / 1000);
+        t.advance(LEASE_MS as u64 / 1000 - 10);
         assert_eq!(t.claim("relay-a", 10).await.len(), 1);
         assert_eq!(
             t.results(
@@ -1835,37 +1837,112 @@ mod suite {
         );
     }
 
-    /// `retry_dead` brings a dead row back to pending, due at the time given, with its attempts
-    /// and first try reset; it refuses a row that is not dead.
-    pub async fn retry_dead_revives_a_dead_row_and_only_a_dead_row(t: Ctx) {
-        let ids = receipts(&t, 3).await;
+    /// `retry` brings a dead row back to pending, due at the time given, with its attempts
+    /// and first try reset; it makes a pending row waiting for its backoff due at that time,
+    /// with its attempts and first try kept (an earlier due time is kept); it leaves a row
+    /// under a live lease, a sent one and a skipped one alone, saying why.
+    pub async fn retry_revives_a_dead_row_sends_a_waiting_one_now_and_leaves_the_rest(t: Ctx) {
+        let ids = receipts(&t, 5).await;
+        t.record(ev("evt_nobody").order("ord_nobody").to(Paid))
+            .await; // no recipient
+        let nobody = t.emails("ord_nobody")[0].id;
         t.claim("relay-a", 10).await;
+        let retry_at = t.now_ms() + 3_600_000;
         let recorded = t
             .results(
                 "relay-a",
-                &[(ids[0], failed(None)), (ids[1], SendOutcome::Sent)],
+                &[
+                    (ids[0], failed(None)),
+                    (ids[1], SendOutcome::Sent),
+                    (ids[2], failed(Some(retry_at))),
+                    (ids[3], untried(Some(t.now_ms()))),
+                    (nobody, SendOutcome::Skipped),
+                ],
             )
             .await;
-        assert_eq!(recorded, [true, true]);
-        t.advance(3600);
+        assert_eq!(recorded, [true; 5]);
+        // ids[4] stays claimed by relay-a, whose lease has 20 s left.
+        t.advance(10);
 
-        assert!(!t.ops.retry_dead(ids[1], t.now_ms()).unwrap(), "sent");
-        assert!(!t.ops.retry_dead(ids[2], t.now_ms()).unwrap(), "pending");
-        assert!(!t.ops.retry_dead(999_999, t.now_ms()).unwrap(), "missing");
+        assert_eq!(
+            t.ops.retry(ids[1], t.now_ms()).unwrap(),
+            Retried::Finished {
+                status: "sent".into()
+            }
+        );
+        assert_eq!(
+            t.ops.retry(nobody, t.now_ms()).unwrap(),
+            Retried::Finished {
+                status: "skipped".into()
+            }
+        );
+        assert_eq!(t.ops.retry(999_999, t.now_ms()).unwrap(), Retried::Missing);
+        let leased = t.row(ids[4]);
+        assert_eq!(
+            t.ops.retry(ids[4], t.now_ms()).unwrap(),
+            Retried::Leased {
+                owner: "relay-a".into(),
+                until: leased.lease_until.clone().unwrap()
+            }
+        );
+        assert_eq!(
+            serde_json::to_value(t.row(ids[4])).unwrap(),
+            serde_json::to_value(&leased).unwrap(),
+            "a leased row is left alone"
+        );
         assert_eq!(t.row(ids[1]).status, "sent");
 
-        assert!(t.ops.retry_dead(ids[0], t.now_ms()).unwrap());
+        // Dead: pending, due now, a fresh start.
+        assert_eq!(t.ops.retry(ids[0], t.now_ms()).unwrap(), Retried::Revived);
         let row = t.row(ids[0]);
         assert_eq!((row.status.as_str(), row.attempts), ("pending", 0));
         assert_eq!(row.first_tried_at, None);
         assert_eq!(row.next_attempt_at, Some(iso_millis(t.now_ms())));
-        assert!(
-            !t.ops.retry_dead(ids[0], t.now_ms()).unwrap(),
-            "no longer dead"
-        );
 
-        let claimed: Vec<i64> = t.claim("relay-b", 10).await.iter().map(|e| e.id).collect();
-        assert!(claimed.contains(&ids[0]), "{claimed:?}");
+        // Waiting for its backoff: due now, its attempts and first try kept.
+        let before = t.row(ids[2]);
+        assert_eq!(
+            t.ops.retry(ids[2], t.now_ms()).unwrap(),
+            Retried::DueNow {
+                was: iso_millis(retry_at),
+                attempts: 1
+            }
+        );
+        let row = t.row(ids[2]);
+        assert_eq!((row.status.as_str(), row.attempts), ("pending", 1));
+        assert_eq!(row.first_tried_at, before.first_tried_at);
+        assert!(row.first_tried_at.is_some());
+        assert_eq!(row.next_attempt_at, Some(iso_millis(t.now_ms())));
+
+        // Already due: keeps its earlier time, and its place in the claims' order.
+        let due_since = t.row(ids[3]).next_attempt_at.unwrap();
+        assert_eq!(
+            t.ops.retry(ids[3], t.now_ms()).unwrap(),
+            Retried::DueNow {
+                was: due_since.clone(),
+                attempts: 0
+            }
+        );
+        assert_eq!(t.row(ids[3]).next_attempt_at, Some(due_since));
+
+        let mut claimed: Vec<i64> = t.claim("relay-b", 10).await.iter().map(|e| e.id).collect();
+        claimed.sort();
+        assert_eq!(claimed, [ids[0], ids[2], ids[3]]);
+
+        // Once the lease of the row relay-a held ran out (it died), it is pending and due.
+        t.advance(LEASE_MS as u64 / 1000 - 10);
+        let (owner, until) = (leased.lease_owner, leased.lease_until);
+        assert!(owner.is_some() && until.is_some());
+        assert!(matches!(
+            t.ops.retry(ids[4], t.now_ms()).unwrap(),
+            Retried::DueNow { attempts: 0, .. }
+        ));
+        let row = t.row(ids[4]);
+        assert_eq!(
+            (row.lease_owner, row.lease_until),
+            (None, None),
+            "the dead lease cleared"
+        );
     }
 
     /// A claimed email carries its order's `metadata.locale` when that is text, and none
@@ -1972,8 +2049,12 @@ mod suite {
             t.advance(1);
         }
         let ids = |provider: Option<&str>, limit| -> Vec<String> {
+            let query = EventQuery {
+                provider: provider.map(str::to_owned),
+                ..EventQuery::newest(limit)
+            };
             t.ops
-                .events(provider, limit)
+                .events(&query)
                 .unwrap()
                 .into_iter()
                 .map(|e| e.event_id)
@@ -1984,10 +2065,98 @@ mod suite {
         assert_eq!(ids(Some("stripe"), 10), ["evt_3", "evt_1"]);
         assert_eq!(ids(Some("midtrans"), 10), ["evt_2"]);
         assert!(ids(Some("other"), 10).is_empty());
-        let newest = &t.ops.events(None, 1).unwrap()[0];
+        let newest = &t.ops.events(&EventQuery::newest(1)).unwrap()[0];
         assert_eq!(
             (newest.provider.as_str(), newest.received_at.as_str()),
             ("xendit", iso_seconds(T0 + 3).as_str())
+        );
+    }
+
+    /// Events are filtered by outcome, order and the time they were received (at or after it),
+    /// each alone and together with the others and the provider, newest first up to the limit.
+    pub async fn events_are_filtered_by_outcome_order_and_time_together(t: Ctx) {
+        let at = |secs| T0 + secs;
+        t.record(paid("evt_1", "ord_1")).await; // T0, processed
+        t.advance(10);
+        t.record(ev("evt_2").kind("customer.created").order("ord_2"))
+            .await; // T0 + 10, ignored
+        t.advance(10);
+        assert_eq!(
+            t.record(ev("evt_3").order("ord_1").to(Pending)).await,
+            Outcome::Stale
+        ); // T0 + 20
+        t.advance(10);
+        t.record(paid("evt_4", "ord_2").provider("midtrans")).await; // T0 + 30, processed
+        t.advance(10);
+        let dispute = ev("evt_5")
+            .via_payment("pi_9", true)
+            .to(Disputed)
+            .no_amount();
+        assert_eq!(t.record(dispute).await, Outcome::Parked); // T0 + 40, no order yet
+
+        let ids = |adjust: &dyn Fn(&mut EventQuery)| -> Vec<String> {
+            let mut query = EventQuery::newest(10);
+            adjust(&mut query);
+            t.ops
+                .events(&query)
+                .unwrap()
+                .into_iter()
+                .map(|e| e.event_id)
+                .collect()
+        };
+        assert_eq!(
+            ids(&|q| q.outcome = Some(Outcome::Processed)),
+            ["evt_4", "evt_1"]
+        );
+        assert_eq!(ids(&|q| q.outcome = Some(Outcome::Stale)), ["evt_3"]);
+        assert_eq!(ids(&|q| q.outcome = Some(Outcome::Ignored)), ["evt_2"]);
+        assert_eq!(ids(&|q| q.outcome = Some(Outcome::Parked)), ["evt_5"]);
+        assert!(ids(&|q| q.outcome = Some(Outcome::Reversed)).is_empty());
+        assert_eq!(
+            ids(&|q| q.order_id = Some("ord_1".into())),
+            ["evt_3", "evt_1"]
+        );
+        assert_eq!(
+            ids(&|q| q.order_id = Some("ord_2".into())),
+            ["evt_4", "evt_2"]
+        );
+        assert!(
+            ids(&|q| q.order_id = Some("ord_".into())).is_empty(),
+            "no prefix match"
+        );
+        assert_eq!(
+            ids(&|q| q.since_unix = Some(at(20))),
+            ["evt_5", "evt_4", "evt_3"]
+        );
+        assert_eq!(ids(&|q| q.since_unix = Some(at(21))), ["evt_5", "evt_4"]);
+        assert!(ids(&|q| q.since_unix = Some(at(41))).is_empty());
+        assert_eq!(
+            ids(&|q| {
+                q.order_id = Some("ord_1".into());
+                q.outcome = Some(Outcome::Processed);
+            }),
+            ["evt_1"]
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.outcome = Some(Outcome::Processed);
+                q.since_unix = Some(at(1));
+            }),
+            ["evt_4"]
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.provider = Some("stripe".into());
+                q.order_id = Some("ord_2".into());
+            }),
+            ["evt_2"]
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.outcome = Some(Outcome::Processed);
+                q.limit = 1;
+            }),
+            ["evt_4"]
         );
     }
 
@@ -2003,7 +2172,7 @@ mod suite {
 
         let listed: Vec<(String, String)> = t
             .ops
-            .events(None, 10)
+            .events(&EventQuery::newest(10))
             .unwrap()
             .into_iter()
             .map(|e| (e.event_id, e.received_at))
@@ -2023,8 +2192,12 @@ mod suite {
         t.claim("relay-a", 1).await;
         t.results("relay-a", &[(ids[0], SendOutcome::Sent)]).await;
         let listed = |status: Option<&str>, limit| -> Vec<i64> {
+            let query = OutboxQuery {
+                status: status.map(str::to_owned),
+                ..OutboxQuery::newest(limit)
+            };
             t.ops
-                .outbox(status, limit)
+                .outbox(&query)
                 .unwrap()
                 .into_iter()
                 .map(|r| r.id)
@@ -2035,6 +2208,60 @@ mod suite {
         assert_eq!(listed(Some("pending"), 10), [ids[2], ids[1]]);
         assert_eq!(listed(Some("sent"), 10), [ids[0]]);
         assert!(listed(Some("dead"), 10).is_empty());
+    }
+
+    /// Outbox rows are filtered by status, order and the time they were queued (at or after
+    /// it), each alone and together, newest first up to the limit.
+    pub async fn the_outbox_is_filtered_by_status_order_and_time_together(t: Ctx) {
+        let first = receipts(&t, 2).await; // ord_0 and ord_1 at T0
+        t.advance(60);
+        t.record(paid("evt_later", "ord_1").to(Refunded).refunded(1500))
+            .await; // a refund notice for ord_1 at T0 + 60
+        t.claim("relay-a", 1).await;
+        t.results("relay-a", &[(first[0], SendOutcome::Sent)]).await;
+        let notice = t.emails("ord_1")[1].id;
+
+        let ids = |adjust: &dyn Fn(&mut OutboxQuery)| -> Vec<i64> {
+            let mut query = OutboxQuery::newest(10);
+            adjust(&mut query);
+            t.ops
+                .outbox(&query)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id)
+                .collect()
+        };
+        assert_eq!(
+            ids(&|q| q.order_id = Some("ord_1".into())),
+            [notice, first[1]]
+        );
+        assert_eq!(ids(&|q| q.since_unix = Some(T0 + 60)), [notice]);
+        assert_eq!(
+            ids(&|q| q.since_unix = Some(T0)),
+            [notice, first[1], first[0]]
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.status = Some("pending".into());
+                q.order_id = Some("ord_1".into());
+                q.since_unix = Some(T0 + 1);
+            }),
+            [notice]
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.status = Some("sent".into());
+                q.order_id = Some("ord_1".into());
+            }),
+            Vec::<i64>::new()
+        );
+        assert_eq!(
+            ids(&|q| {
+                q.order_id = Some("ord_1".into());
+                q.limit = 1;
+            }),
+            [notice]
+        );
     }
 
     pub async fn the_store_answers_its_health_check(t: Ctx) {
@@ -2263,13 +2490,15 @@ mod suite {
             assert_eq!(copy.order(order_id).unwrap(), original);
         }
         assert_eq!(copy.order("ord_4").unwrap(), None);
-        let events = |m: &dyn Maintenance| serde_json::to_value(m.events(None, ALL).unwrap());
+        let events =
+            |m: &dyn Maintenance| serde_json::to_value(m.events(&EventQuery::newest(ALL)).unwrap());
         let mut now = events(&*t.ops).unwrap();
         now.as_array_mut().unwrap().remove(0); // evt_4, after the backup
         assert_eq!(events(&*copy).unwrap(), now);
         assert_eq!(
-            serde_json::to_value(copy.outbox(None, ALL).unwrap()).unwrap(),
-            serde_json::to_value(t.ops.outbox(None, ALL).unwrap()[1..].to_vec()).unwrap()
+            serde_json::to_value(copy.outbox(&OutboxQuery::newest(ALL)).unwrap()).unwrap(),
+            serde_json::to_value(t.ops.outbox(&OutboxQuery::newest(ALL)).unwrap()[1..].to_vec())
+                .unwrap()
         );
     }
 

@@ -25,7 +25,9 @@ pub enum Command {
     /// least one must be set.
     #[command(after_help = serve_environment())]
     Serve(Box<ServeArgs>),
-    /// Delete expired event ids now (one purge pass) and print how many.
+    /// Delete expired event ids, and expired Idempotency-Keys of the orders API with their
+    /// stored responses, now (one purge pass, as serve's purge job runs every
+    /// --purge-interval), and print how many of each.
     Purge(DbArgs),
     /// Copy the database while sekali runs (SQLite online backup), then check the copy.
     Backup(BackupArgs),
@@ -43,7 +45,7 @@ pub enum Command {
     /// Run the outbox relay alone (for a separate process); `serve` runs one too unless
     /// --no-relay.
     Relay(RelayCommandArgs),
-    /// Inspect the email outbox, and revive dead rows.
+    /// Inspect the email outbox, and send a waiting or dead row now.
     #[command(subcommand)]
     Outbox(OutboxCommand),
 }
@@ -152,6 +154,85 @@ fn registered(name: &str) -> Result<(), String> {
 /// A registered provider's name, for `--provider`.
 fn provider_name(text: &str) -> Result<String, String> {
     registered(text).map(|()| text.to_owned())
+}
+
+/// Where a listing starts (`--since`): a moment, or how long before the command runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Since {
+    /// That long before now.
+    Ago(Duration),
+    /// This moment, in Unix seconds.
+    At(i64),
+}
+
+impl Since {
+    /// The moment in Unix seconds, for a command run at `now_unix`.
+    pub fn unix(self, now_unix: i64) -> i64 {
+        match self {
+            Since::Ago(ago) => {
+                now_unix.saturating_sub(i64::try_from(ago.as_secs()).unwrap_or(i64::MAX))
+            }
+            Since::At(at) => at,
+        }
+    }
+}
+
+/// What `--since` takes; the help of each listing's `--since` says the same.
+const SINCE_FORMS: &str = "expected a duration such as 90s, 1h or 2d (that long ago), or an RFC \
+    3339 time such as 2026-11-29T10:15:02Z (as the listings print it) or \
+    2026-11-29T17:15:02+07:00";
+
+/// A duration (`1h`: an hour ago), or an RFC 3339 time: UTC (`Z`, as sekali stores and prints
+/// times) or with an offset (`+07:00`), fractions of a second dropped (stored times have whole
+/// seconds).
+fn since(text: &str) -> Result<Since, String> {
+    if let Ok(ago) = humantime::parse_duration(text) {
+        return Ok(Since::Ago(ago));
+    }
+    rfc3339_unix(text)
+        .map(Since::At)
+        .ok_or_else(|| SINCE_FORMS.to_owned())
+}
+
+/// Unix seconds of an RFC 3339 time. humantime reads UTC only, so an offset (`+07:00`,
+/// `-05:00`) is taken off first: the time is read as if it were UTC, then moved by it.
+fn rfc3339_unix(text: &str) -> Option<i64> {
+    let split = text
+        .len()
+        .checked_sub("+07:00".len())
+        .filter(|at| text.is_char_boundary(*at));
+    let (utc, offset_secs) = match split.map(|at| text.split_at(at)) {
+        Some((time, offset)) if !time.ends_with('Z') => match offset.as_bytes() {
+            [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2]
+                if [h1, h2, m1, m2].iter().all(|d| d.is_ascii_digit()) =>
+            {
+                let digit = |d: &u8| i64::from(d - b'0');
+                let (hours, minutes) = (digit(h1) * 10 + digit(h2), digit(m1) * 10 + digit(m2));
+                if hours > 23 || minutes > 59 {
+                    return None;
+                }
+                let secs = hours * 3600 + minutes * 60;
+                (format!("{time}Z"), if *sign == b'+' { secs } else { -secs })
+            }
+            _ => (text.to_owned(), 0),
+        },
+        _ => (text.to_owned(), 0),
+    };
+    let at = humantime::parse_rfc3339(&utc).ok()?;
+    let secs = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    Some(i64::try_from(secs).ok()? - offset_secs)
+}
+
+/// A stored outcome's name, for `events list --outcome`.
+fn stored_outcome() -> impl clap::builder::TypedValueParser<Value = crate::domain::Outcome> {
+    use crate::domain::Outcome;
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Outcome::STORED.map(Outcome::as_str)).map(|name| {
+        Outcome::STORED
+            .into_iter()
+            .find(|outcome| outcome.as_str() == name)
+            .expect("a possible value names a stored outcome")
+    })
 }
 
 /// An `http://` or `https://` URL with a host.
@@ -320,17 +401,37 @@ pub enum OutboxCommand {
         /// Only rows with this status.
         #[arg(long, value_parser = ["pending", "sent", "dead", "skipped"])]
         status: Option<String>,
+        /// Only the emails of this order.
+        #[arg(long = "order", value_name = "ORDER_ID")]
+        order_id: Option<String>,
+        /// Only rows queued at or after this time: a duration such as 90s, 1h or 2d (that long
+        /// ago), or an RFC 3339 time such as 2026-11-29T10:15:02Z (as listed) or
+        /// 2026-11-29T17:15:02+07:00.
+        #[arg(long, value_parser = since)]
+        since: Option<Since>,
+        /// Most rows to print, newest first.
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// Print each row as one line of JSON with all its fields (JSON Lines, for jq) instead
+        /// of the table.
+        #[arg(long)]
+        json: bool,
     },
-    /// One row, with its parameters and last error.
+    /// One row, with its parameters and last error (as indented JSON).
     Show {
+        /// The row's id (the ID column of `outbox list`).
         id: i64,
         #[command(flatten)]
         db: DbArgs,
+        /// Print the row as one line of JSON (as outbox list --json does) instead of indented.
+        #[arg(long)]
+        json: bool,
     },
-    /// Put a dead row back to pending, due now, attempts reset.
+    /// Send a row now: a pending row waiting for its next try becomes due now, its attempts
+    /// kept; a dead row becomes pending and due now, its attempts reset. A sent or skipped row,
+    /// or one a relay is sending, is left alone.
     Retry {
+        /// The row's id (the ID column of `outbox list`).
         id: i64,
         #[command(flatten)]
         db: DbArgs,
@@ -432,10 +533,27 @@ pub enum EventsCommand {
     List {
         #[command(flatten)]
         db: DbArgs,
+        /// Most events to print, newest first.
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// Only events from this provider.
         #[arg(long, value_parser = provider_name)]
         provider: Option<String>,
+        /// Only events stored with this outcome.
+        #[arg(long, value_parser = stored_outcome())]
+        outcome: Option<crate::domain::Outcome>,
+        /// Only events of this order.
+        #[arg(long = "order", value_name = "ORDER_ID")]
+        order_id: Option<String>,
+        /// Only events received at or after this time: a duration such as 90s, 1h or 2d (that
+        /// long ago), or an RFC 3339 time such as 2026-11-29T10:15:02Z (as listed) or
+        /// 2026-11-29T17:15:02+07:00.
+        #[arg(long, value_parser = since)]
+        since: Option<Since>,
+        /// Print each event as one line of JSON with all its fields (JSON Lines, for jq)
+        /// instead of the table.
+        #[arg(long)]
+        json: bool,
     },
     /// One event with its stored payload.
     Show {
@@ -443,7 +561,46 @@ pub enum EventsCommand {
         id: String,
         #[command(flatten)]
         db: DbArgs,
+        /// Only the event from this provider (two providers may use the same id).
         #[arg(long, value_parser = provider_name)]
         provider: Option<String>,
+        /// Print each event as one line of JSON with all its fields, the payload as a string
+        /// (JSON Lines, for jq).
+        #[arg(long)]
+        json: bool,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_takes_a_duration_ago_or_an_rfc_3339_time_in_utc_or_with_an_offset() {
+        assert_eq!(since("1h"), Ok(Since::Ago(Duration::from_secs(3600))));
+        assert_eq!(since("1h").unwrap().unix(10_000), 6_400);
+        assert_eq!(
+            since("2d 3h").unwrap(),
+            Since::Ago(Duration::from_secs(2 * 86_400 + 3 * 3600))
+        );
+        let utc = 1_795_947_302; // 2026-11-29T10:15:02Z
+        assert_eq!(since("2026-11-29T10:15:02Z"), Ok(Since::At(utc)));
+        assert_eq!(since("2026-11-29T10:15:02.750Z"), Ok(Since::At(utc)));
+        assert_eq!(since("2026-11-29T17:15:02+07:00"), Ok(Since::At(utc)));
+        assert_eq!(since("2026-11-29T05:15:02-05:00"), Ok(Since::At(utc)));
+        assert_eq!(since("2026-11-29T10:15:02+00:00"), Ok(Since::At(utc)));
+        assert_eq!(Since::At(utc).unix(0), utc);
+        for wrong in [
+            "yesterday",
+            "2026-11-29",
+            "2026-11-29T10:15:02",
+            "2026-11-29T10:15:02+24:00",
+            "2026-11-29T10:15:02Z+07:00",
+            "2026-11-29 10:15:02Z",
+            "+07:00",
+            "ééééééé",
+        ] {
+            assert_eq!(since(wrong), Err(SINCE_FORMS.to_owned()), "{wrong}");
+        }
+    }
 }

@@ -8,16 +8,19 @@ use super::args::{
     BackupArgs, BenchArgs, DbArgs, EventsCommand, OutboxCommand, RelayCommandArgs, ReplayArgs,
     ServeArgs, Switch,
 };
-use super::{print_columns, write_stdout};
+use super::{print_columns, print_json_line, write_stdout};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{self, Settings};
-use crate::domain::text::{escaped_block, Escaped};
+use crate::domain::text::{escaped_block, escaped_json, Escaped};
 use crate::domain::OrderStatus;
 use crate::jobs::relay::RelayHost;
 use crate::providers::{ProviderSettings, Providers};
 use crate::startup::Application;
 use crate::store::sqlite::{SqliteMaintenance, SqliteStore, WriterConfig};
-use crate::store::{Maintenance, OperatorChange, Store, DEFAULT_PURGE_BATCH};
+use crate::store::{
+    EventQuery, Maintenance, NextTry, OperatorChange, OutboxQuery, OutboxRow, Retried, Store,
+    StoreError, DEFAULT_PURGE_BATCH,
+};
 
 /// The provider settings of the command line, by `(provider, option)`: the generic
 /// `--retention` and `--provider-option`, and the flags that name one provider's option.
@@ -61,6 +64,33 @@ fn configure_providers(
 
 /// What a command returns: its exit status, or the error [`super::run`] prints.
 type CommandResult = Result<ExitCode, Box<dyn std::error::Error>>;
+
+/// Why a command could not open its database.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    /// The first mistake of a new user: the command ran in another directory than `serve`, or
+    /// without the `--db` that `serve` was given, and found no file where it looked. The store
+    /// knows only the path; which settings chose it is the command line's to say.
+    #[error("database file {0} does not exist (choose the file with --db or SEKALI_DB; sekali serve creates it)")]
+    Missing(String),
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl From<StoreError> for OpenError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Missing(path) => OpenError::Missing(path),
+            other => OpenError::Store(other),
+        }
+    }
+}
+
+/// The command's connection to the database of `--db`, which must exist; `writable` brings its
+/// schema up to date.
+fn open_maintenance(db: &DbArgs, writable: bool) -> Result<SqliteMaintenance, OpenError> {
+    Ok(SqliteMaintenance::open(&db.db, writable)?)
+}
 
 const DONE: CommandResult = Ok(ExitCode::SUCCESS);
 
@@ -107,7 +137,7 @@ pub(super) fn serve(args: ServeArgs) -> CommandResult {
 }
 
 pub(super) fn purge(args: DbArgs) -> CommandResult {
-    let purged = SqliteMaintenance::open(&args.db, true)?
+    let purged = open_maintenance(&args, true)?
         .purge_all_expired(SystemClock.now_unix(), DEFAULT_PURGE_BATCH)?;
     crate::outln!("purged {} expired event ids", purged.events);
     crate::outln!(
@@ -118,7 +148,7 @@ pub(super) fn purge(args: DbArgs) -> CommandResult {
 }
 
 pub(super) fn backup(args: BackupArgs) -> CommandResult {
-    let report = SqliteMaintenance::open(&args.db.db, false)?.backup(&args.out)?;
+    let report = open_maintenance(&args.db, false)?.backup(&args.out)?;
     crate::outln!(
         "backed up {} to {}: {} pages, {} processed events, {} orders, integrity ok",
         args.db.db.display(),
@@ -203,23 +233,52 @@ pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
         let clock: crate::clock::SharedClock = Arc::new(SystemClock);
         // Its own write connection: a writer of its own, which commits each claim and each
         // batch of results in one transaction.
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_existing(
-            WriterConfig {
-                db_path: config.db_path.clone(),
-                batch_max: crate::config::DEFAULT_BATCH_MAX,
-                queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
-                busy_timeout: config.busy_timeout,
-                max_page_count: None,
-                reread_parked: None,
-            },
-            clock.clone(),
-        )?);
+        let store: Arc<dyn Store> = Arc::new(
+            SqliteStore::open_existing(
+                WriterConfig {
+                    db_path: config.db_path.clone(),
+                    batch_max: crate::config::DEFAULT_BATCH_MAX,
+                    queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
+                    busy_timeout: config.busy_timeout,
+                    max_page_count: None,
+                    reread_parked: None,
+                },
+                clock.clone(),
+            )
+            .map_err(OpenError::from)?,
+        );
         let queue = crate::jobs::relay::Queue::own(store.clone());
         let result = crate::jobs::relay::run_relay(config, mail, clock, shutdown, queue).await;
         let _ = actix_web::rt::task::spawn_blocking(move || store.shutdown()).await;
-        result
+        Ok::<_, Box<dyn std::error::Error>>(result?)
     })?;
     DONE
+}
+
+/// An outbox row as `outbox list --json` and `outbox show` print it: its columns, and when a
+/// relay will really try it next.
+#[derive(serde::Serialize)]
+struct ShownRow<'a> {
+    #[serde(flatten)]
+    row: &'a OutboxRow,
+    /// The earliest a relay may claim the row, as of the command's run: null for a sent, dead
+    /// or skipped row; for one under a live lease, the lease's end (the row is being sent, and
+    /// is tried again then only if its relay died), not its `next_attempt_at`, which has
+    /// passed; else its `next_attempt_at`. A time at or before the command's run (the table's
+    /// `now`) means due: the next relay to look claims it.
+    next_try_at: Option<String>,
+}
+
+impl<'a> ShownRow<'a> {
+    fn at(row: &'a OutboxRow, now_ms: i64) -> Self {
+        let next_try_at = match row.next_try(now_ms) {
+            NextTry::Never => None,
+            NextTry::Now { since } => Some(since),
+            NextTry::At(at) => Some(at),
+            NextTry::Leased { until, .. } => Some(until),
+        };
+        ShownRow { row, next_try_at }
+    }
 }
 
 pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
@@ -227,23 +286,46 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
         OutboxCommand::List { db, .. } | OutboxCommand::Show { db, .. } => (db, false),
         OutboxCommand::Retry { db, .. } => (db, true),
     };
-    let store = SqliteMaintenance::open(&db.db, writable)?;
+    let store = open_maintenance(db, writable)?;
     match command {
-        OutboxCommand::List { status, limit, .. } => {
-            let rows = store
-                .outbox(status.as_deref(), limit)?
-                .into_iter()
-                .map(|r| {
-                    [
-                        r.id.to_string(),
-                        r.status,
-                        r.attempts.to_string(),
-                        r.template,
-                        r.order_id,
-                        r.next_attempt_at.unwrap_or_else(|| "-".into()),
-                        r.last_error.unwrap_or_default(),
-                    ]
-                });
+        OutboxCommand::List {
+            status,
+            order_id,
+            since,
+            limit,
+            json,
+            ..
+        } => {
+            let rows = store.outbox(&OutboxQuery {
+                status,
+                order_id,
+                since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
+                limit,
+            })?;
+            let now_ms = SystemClock.now_millis();
+            if json {
+                for row in &rows {
+                    print_json_line(&ShownRow::at(row, now_ms));
+                }
+                return DONE;
+            }
+            let rows = rows.into_iter().map(|r| {
+                let next_try = match r.next_try(now_ms) {
+                    NextTry::Never => "-".to_owned(),
+                    NextTry::Now { .. } => "now".to_owned(),
+                    NextTry::At(at) => at,
+                    NextTry::Leased { owner, until } => format!("leased by {owner} until {until}"),
+                };
+                [
+                    r.id.to_string(),
+                    r.status,
+                    r.attempts.to_string(),
+                    r.template,
+                    r.order_id,
+                    next_try,
+                    r.last_error.unwrap_or_default(),
+                ]
+            });
             print_columns(
                 [
                     "ID",
@@ -251,33 +333,57 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
                     "ATTEMPTS",
                     "TEMPLATE",
                     "ORDER_ID",
-                    "NEXT_ATTEMPT_AT",
+                    "NEXT_TRY",
                     "LAST_ERROR",
                 ],
                 rows.collect(),
             );
         }
-        OutboxCommand::Show { id, .. } => {
+        OutboxCommand::Show { id, json, .. } => {
             let row = store
                 .outbox_row(id)?
                 .ok_or_else(|| format!("no outbox row with id {id}"))?;
-            crate::outln!(
-                "{}",
-                serde_json::to_string_pretty(&row).expect("a row serialises")
-            );
+            let shown = ShownRow::at(&row, SystemClock.now_millis());
+            if json {
+                print_json_line(&shown);
+            } else {
+                // Escaped as a line of JSON is (see `print_json_line`).
+                let pretty = serde_json::to_string_pretty(&shown).expect("a row serialises");
+                crate::outln!("{}", escaped_json(&pretty));
+            }
         }
         OutboxCommand::Retry { id, .. } => {
-            if !store.retry_dead(id, SystemClock.now_millis())? {
-                return Err(match store.outbox_row(id)? {
-                    Some(row) => format!(
-                        "outbox row {id} is {}, not dead (only dead rows can be retried)",
-                        row.status
-                    ),
-                    None => format!("no outbox row with id {id}"),
+            let refused = match store.retry(id, SystemClock.now_millis())? {
+                Retried::Revived => {
+                    crate::outln!("outbox row {id}: dead -> pending");
+                    return DONE;
                 }
-                .into());
-            }
-            crate::outln!("outbox row {id}: dead -> pending");
+                Retried::DueNow { was, attempts } => {
+                    crate::outln!(
+                        "outbox row {id}: pending, due now (was due at {was}; attempts kept: \
+                         {attempts})"
+                    );
+                    return DONE;
+                }
+                Retried::Leased { owner, until } => format!(
+                    "outbox row {id} is being sent by {} (its lease runs until {until}); if that \
+                     relay died, the row is tried again then",
+                    Escaped(&owner)
+                ),
+                Retried::Finished { status } => {
+                    let why = match status.as_str() {
+                        "sent" => "the transport confirmed it",
+                        "skipped" => "it has no recipient address",
+                        _ => "there is nothing to send again",
+                    };
+                    format!(
+                        "outbox row {id} is {status}: {why} (only pending and dead rows can be \
+                         retried)"
+                    )
+                }
+                Retried::Missing => format!("no outbox row with id {id}"),
+            };
+            return Err(refused.into());
         }
     }
     DONE
@@ -320,11 +426,8 @@ pub(super) fn set_status(
         operator,
         reason,
     };
-    let previous = SqliteMaintenance::open(&db.db, true)?.set_status_by_operator(
-        id,
-        &change,
-        SystemClock.now_unix(),
-    )?;
+    let previous =
+        open_maintenance(db, true)?.set_status_by_operator(id, &change, SystemClock.now_unix())?;
     crate::outln!(
         "order {}: {previous} -> {status} (by {})",
         Escaped(id),
@@ -334,27 +437,41 @@ pub(super) fn set_status(
 }
 
 pub(super) fn events(command: EventsCommand) -> CommandResult {
-    let db_path = match &command {
-        EventsCommand::List { db, .. } | EventsCommand::Show { db, .. } => db.db.clone(),
+    let db = match &command {
+        EventsCommand::List { db, .. } | EventsCommand::Show { db, .. } => db,
     };
-    let store = SqliteMaintenance::open(&db_path, false)?;
+    let store = open_maintenance(db, false)?;
     match command {
         EventsCommand::List {
-            limit, provider, ..
+            limit,
+            provider,
+            outcome,
+            order_id,
+            since,
+            json,
+            ..
         } => {
-            let rows = store
-                .events(provider.as_deref(), limit)?
-                .into_iter()
-                .map(|row| {
-                    [
-                        row.received_at,
-                        row.provider,
-                        row.outcome,
-                        row.event_type,
-                        row.order_id.unwrap_or_else(|| "-".into()),
-                        row.event_id,
-                    ]
-                });
+            let rows = store.events(&EventQuery {
+                provider,
+                outcome,
+                order_id,
+                since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
+                limit,
+            })?;
+            if json {
+                rows.iter().for_each(print_json_line);
+                return DONE;
+            }
+            let rows = rows.into_iter().map(|row| {
+                [
+                    row.received_at,
+                    row.provider,
+                    row.outcome,
+                    row.event_type,
+                    row.order_id.unwrap_or_else(|| "-".into()),
+                    row.event_id,
+                ]
+            });
             print_columns(
                 [
                     "RECEIVED_AT",
@@ -367,10 +484,16 @@ pub(super) fn events(command: EventsCommand) -> CommandResult {
                 rows.collect(),
             );
         }
-        EventsCommand::Show { id, provider, .. } => {
+        EventsCommand::Show {
+            id, provider, json, ..
+        } => {
             let rows = store.find_events(&id, provider.as_deref())?;
             if rows.is_empty() {
                 return Err(format!("no stored event with id {id}").into());
+            }
+            if json {
+                rows.iter().for_each(print_json_line);
+                return DONE;
             }
             for row in rows {
                 let s = &row.summary;

@@ -60,6 +60,18 @@ pub fn write_stdout(text: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Prints `value` as one line of JSON: a listing's `--json` is JSON Lines, one object per line,
+/// for `jq` and the like. The text is what a terminal gets, so it is escaped as a table's cells
+/// are, in JSON's own way: serde_json escapes the control characters U+0000–U+001F in strings
+/// (a line break in an id is `\n`, so an object never spans two lines), and
+/// [`escaped_json`](crate::domain::text::escaped_json) writes as `\u` escapes what it leaves
+/// raw (DEL, the C1 controls, bidi overrides, invisible characters). A JSON reader reads the
+/// stored values unchanged.
+pub(crate) fn print_json_line(value: &impl serde::Serialize) {
+    let line = serde_json::to_string(value).expect("a listing's row serialises");
+    crate::outln!("{}", crate::domain::text::escaped_json(&line));
+}
+
 /// Prints a header and rows in columns two spaces apart, each as wide as its widest cell, so a
 /// long event type or order id does not push the columns after it out of line.
 pub(crate) fn print_columns<const N: usize>(header: [&str; N], rows: Vec<[String; N]>) {

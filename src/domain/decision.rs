@@ -25,6 +25,17 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The outcomes an event can be stored with: every one but [`Outcome::Duplicate`], which
+    /// stores nothing.
+    pub const STORED: [Outcome; 6] = [
+        Outcome::Processed,
+        Outcome::Stale,
+        Outcome::Ignored,
+        Outcome::Parked,
+        Outcome::AmountMismatch,
+        Outcome::Reversed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Processed => "processed",

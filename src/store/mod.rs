@@ -24,9 +24,10 @@ use futures_util::future::BoxFuture;
 pub use crate::domain::Outcome;
 use crate::domain::{NormalizedEvent, OrderStatus};
 pub use model::{
-    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventSummary, IdempotentOutcome,
-    NewOrder, OperatorChange, OrderView, OutboxRow, Purged, RunCounts, SendOutcome, SendResult,
-    SetStatusError, StoreStats, StoredResponse, Transition, WriterStats, DEFAULT_PURGE_BATCH,
+    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
+    IdempotentOutcome, NewOrder, NextTry, OperatorChange, OrderView, OutboxQuery, OutboxRow,
+    Purged, Retried, RunCounts, SendOutcome, SendResult, SetStatusError, StoreStats,
+    StoredResponse, Transition, WriterStats, DEFAULT_PURGE_BATCH,
 };
 
 /// A store failure. Engine errors keep their own codes (SQLite's extended result code is in the
@@ -179,8 +180,9 @@ pub trait Store: Send + Sync {
 /// An operator's command on the database (`sekali events`, `outbox`, `orders set-status`,
 /// `purge`, `backup`, and the load generator's check), on a connection of its own.
 pub trait Maintenance {
-    /// The newest events first, optionally of one provider.
-    fn events(&self, provider: Option<&str>, limit: u32) -> Result<Vec<EventSummary>, StoreError>;
+    /// The events that match `query`, newest first, filtered by the engine (a listing of the
+    /// last hour of a large table must not read every row into the command).
+    fn events(&self, query: &EventQuery) -> Result<Vec<EventSummary>, StoreError>;
 
     /// Every stored event with this id (one per provider at most).
     fn find_events(
@@ -192,13 +194,16 @@ pub trait Maintenance {
     /// One order, with its history.
     fn order(&self, order_id: &str) -> Result<Option<OrderView>, StoreError>;
 
-    /// Outbox rows, newest first, optionally of one status.
-    fn outbox(&self, status: Option<&str>, limit: u32) -> Result<Vec<OutboxRow>, StoreError>;
+    /// The outbox rows that match `query`, newest first, filtered by the engine.
+    fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxRow>, StoreError>;
 
     fn outbox_row(&self, id: i64) -> Result<Option<OutboxRow>, StoreError>;
 
-    /// A dead row back to pending, due now, with its attempts reset. False if it was not dead.
-    fn retry_dead(&self, id: i64, now_ms: i64) -> Result<bool, StoreError>;
+    /// `sekali outbox retry`: makes row `id` due at `now_ms`, if it is dead (its attempts and
+    /// first try reset) or pending under no live lease (its attempts and first try kept); says
+    /// what it did, or why it did nothing (see [`Retried`]). One transaction: no relay's claim
+    /// or result falls between the look and the change.
+    fn retry(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError>;
 
     /// The operator's override: any status but the one the order has, recorded as a transition
     /// by `operator` with the operator's name and reason, with the customer notice the new status

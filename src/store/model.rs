@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::StoreError;
+use crate::domain::Outcome;
 
 /// A row claimed for sending, with what rendering needs.
 #[derive(Debug, Clone)]
@@ -42,6 +43,78 @@ pub struct OutboxRow {
     /// When the first counted try was made: with the HTTP email API, the key's 24 h run from
     /// here.
     pub first_tried_at: Option<String>,
+}
+
+/// When a relay will next try an outbox row, as of a given moment: what `outbox list` shows.
+/// It follows the claim's rule (see [`Store::claim_outbox`](super::Store::claim_outbox)): a
+/// pending row is claimed once its `next_attempt_at` has passed and no live lease holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextTry {
+    /// Sent, dead or skipped (or, never seen, pending without a `next_attempt_at`): no relay
+    /// tries it again. `sekali outbox retry` makes a dead row pending.
+    Never,
+    /// Due since this time (its `next_attempt_at`): the next relay to look for due rows
+    /// claims it.
+    Now { since: String },
+    /// Waiting out its backoff, or an email API's `Retry-After`, until this time.
+    At(String),
+    /// Claimed by the relay `owner`, which is sending it: its result is recorded when the send
+    /// ends. Only if that relay died is it tried again, by any relay, once the lease runs out
+    /// at `until`. (Its `next_attempt_at` has passed: a claim takes due rows only.)
+    Leased { owner: String, until: String },
+}
+
+impl OutboxRow {
+    /// When a relay will next try this row, as of `now_ms` (Unix milliseconds).
+    pub fn next_try(&self, now_ms: i64) -> NextTry {
+        // An unreadable time (written by hand) counts as not reached: the row is shown waiting
+        // or leased rather than due.
+        let reached = |at: &str| unix_millis(at).is_some_and(|at| at <= now_ms);
+        match (self.status.as_str(), &self.next_attempt_at) {
+            ("pending", Some(next)) => match (&self.lease_owner, &self.lease_until) {
+                (Some(owner), Some(until)) if !reached(until) => NextTry::Leased {
+                    owner: owner.clone(),
+                    until: until.clone(),
+                },
+                _ if reached(next) => NextTry::Now {
+                    since: next.clone(),
+                },
+                _ => NextTry::At(next.clone()),
+            },
+            _ => NextTry::Never,
+        }
+    }
+}
+
+/// Unix milliseconds of a stored time (`2026-11-29T10:15:02.123Z`, or whole seconds).
+fn unix_millis(at: &str) -> Option<i64> {
+    let since_epoch = humantime::parse_rfc3339(at)
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    i64::try_from(since_epoch.as_millis()).ok()
+}
+
+/// What [`Maintenance::retry`](super::Maintenance::retry) did with an outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retried {
+    /// It was dead: now pending and due, its attempts and first try reset. The operator starts
+    /// it over (after fixing an address, or once the email API is back): it gets the whole
+    /// `--relay-max-attempts` again.
+    Revived,
+    /// It was pending, waiting for its next try at `was`: now due (or still due since `was`,
+    /// if that had passed), its `attempts` and first try kept. It is in the middle of its
+    /// tries: they still count against the attempt limit, and its first try still starts the
+    /// downstream key's lifetime, so sending it sooner cannot stretch its tries past what
+    /// `--relay-max-attempts` and the key's 24 h allow.
+    DueNow { was: String, attempts: i64 },
+    /// Pending under a live lease: a relay is sending it. Left alone, as taking the lease away
+    /// could have two relays send it at once; if that relay died, the row is due at `until`.
+    Leased { owner: String, until: String },
+    /// Sent or skipped (`status`): there is nothing to send again.
+    Finished { status: String },
+    /// No row has this id.
+    Missing,
 }
 
 /// What a relay asks for: up to `limit` due rows, held for `owner` until `now + lease`.
@@ -189,6 +262,58 @@ pub enum SetStatusError {
     Store(#[from] StoreError),
 }
 
+/// Which events [`Maintenance::events`](super::Maintenance::events) lists: those that match
+/// every filter given, newest first (in the order they arrived), at most `limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventQuery {
+    pub provider: Option<String>,
+    /// One of [`Outcome::STORED`] (a duplicate is not stored, so it matches nothing).
+    pub outcome: Option<Outcome>,
+    /// Events naming this order (or found through its payment).
+    pub order_id: Option<String>,
+    /// Events received at or after this time, in Unix seconds.
+    pub since_unix: Option<i64>,
+    pub limit: u32,
+}
+
+impl EventQuery {
+    /// The newest `limit` events, whatever they are.
+    pub fn newest(limit: u32) -> Self {
+        EventQuery {
+            provider: None,
+            outcome: None,
+            order_id: None,
+            since_unix: None,
+            limit,
+        }
+    }
+}
+
+/// Which outbox rows [`Maintenance::outbox`](super::Maintenance::outbox) lists: those that
+/// match every filter given, newest first, at most `limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxQuery {
+    /// `pending`, `sent`, `dead` or `skipped`.
+    pub status: Option<String>,
+    /// The emails of this order.
+    pub order_id: Option<String>,
+    /// Rows queued at or after this time (`created_at`), in Unix seconds.
+    pub since_unix: Option<i64>,
+    pub limit: u32,
+}
+
+impl OutboxQuery {
+    /// The newest `limit` rows, whatever their status.
+    pub fn newest(limit: u32) -> Self {
+        OutboxQuery {
+            status: None,
+            order_id: None,
+            since_unix: None,
+            limit,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct EventSummary {
     pub provider: String,
@@ -295,4 +420,75 @@ pub struct RunCounts {
     pub emails: i64,
     /// Orders with at least one email.
     pub orders_emailed: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(status: &str, next: Option<&str>, lease: Option<(&str, &str)>) -> OutboxRow {
+        OutboxRow {
+            id: 1,
+            order_id: "ord_1".into(),
+            recipient: Some("sari@toko.example".into()),
+            template: "receipt".into(),
+            status: status.into(),
+            attempts: 1,
+            idempotency_key: "k".into(),
+            created_at: "2026-11-29T10:00:00Z".into(),
+            next_attempt_at: next.map(str::to_owned),
+            lease_owner: lease.map(|(owner, _)| owner.to_owned()),
+            lease_until: lease.map(|(_, until)| until.to_owned()),
+            last_error: None,
+            sent_at: None,
+            params: "{}".into(),
+            first_tried_at: None,
+        }
+    }
+
+    #[test]
+    fn the_next_try_follows_the_claims_rule_for_backoffs_and_leases() {
+        // 2026-11-29T10:15:02.000Z
+        let now = 1_795_947_302_000;
+        let (past, future) = ("2026-11-29T10:15:01.999Z", "2026-11-29T10:15:02.001Z");
+        let at_now = "2026-11-29T10:15:02.000Z";
+        let due_since = |at: &str| NextTry::Now { since: at.into() };
+        assert_eq!(
+            row("pending", Some(past), None).next_try(now),
+            due_since(past)
+        );
+        assert_eq!(
+            row("pending", Some(at_now), None).next_try(now),
+            due_since(at_now)
+        );
+        assert_eq!(
+            row("pending", Some(future), None).next_try(now),
+            NextTry::At(future.into())
+        );
+        // A live lease: the row is being sent, whatever its next_attempt_at says.
+        assert_eq!(
+            row("pending", Some(past), Some(("relay-a", future))).next_try(now),
+            NextTry::Leased {
+                owner: "relay-a".into(),
+                until: future.into()
+            }
+        );
+        // A lease that ran out (its relay died) holds nothing.
+        assert_eq!(
+            row("pending", Some(past), Some(("relay-a", at_now))).next_try(now),
+            due_since(past)
+        );
+        assert_eq!(
+            row("pending", Some(future), Some(("relay-a", past))).next_try(now),
+            NextTry::At(future.into())
+        );
+        for status in ["sent", "dead", "skipped"] {
+            assert_eq!(row(status, None, None).next_try(now), NextTry::Never);
+        }
+        assert_eq!(row("pending", None, None).next_try(now), NextTry::Never);
+        assert_eq!(
+            row("pending", Some("not a time"), None).next_try(now),
+            NextTry::At("not a time".into())
+        );
+    }
 }

@@ -7,6 +7,7 @@ mod concurrency;
 mod environment;
 mod helpers;
 mod hostile;
+mod inspect;
 mod known_answers;
 mod limits;
 mod midtrans;

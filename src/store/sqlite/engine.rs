@@ -12,9 +12,9 @@ use super::{backup, orders, outbox, purge, reads, ReadPool, StoreError};
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
-    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventSummary, IdempotentOutcome,
-    OperatorChange, OrderView, OutboxRow, Purged, RunCounts, SendResult, SetStatusError,
-    StoreStats,
+    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
+    IdempotentOutcome, OperatorChange, OrderView, OutboxQuery, OutboxRow, Purged, Retried,
+    RunCounts, SendResult, SetStatusError, StoreStats,
 };
 use crate::store::{CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError};
 
@@ -149,8 +149,8 @@ impl SqliteMaintenance {
 }
 
 impl Maintenance for SqliteMaintenance {
-    fn events(&self, provider: Option<&str>, limit: u32) -> Result<Vec<EventSummary>, StoreError> {
-        Ok(reads::list_events(&self.conn, provider, limit)?)
+    fn events(&self, query: &EventQuery) -> Result<Vec<EventSummary>, StoreError> {
+        Ok(reads::list_events(&self.conn, query)?)
     }
 
     fn find_events(
@@ -165,16 +165,16 @@ impl Maintenance for SqliteMaintenance {
         Ok(orders::get_order(&self.conn, order_id)?)
     }
 
-    fn outbox(&self, status: Option<&str>, limit: u32) -> Result<Vec<OutboxRow>, StoreError> {
-        Ok(outbox::list(&self.conn, status, limit)?)
+    fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxRow>, StoreError> {
+        Ok(outbox::list(&self.conn, query)?)
     }
 
     fn outbox_row(&self, id: i64) -> Result<Option<OutboxRow>, StoreError> {
         Ok(outbox::get(&self.conn, id)?)
     }
 
-    fn retry_dead(&self, id: i64, now_ms: i64) -> Result<bool, StoreError> {
-        outbox::retry_dead(&self.conn, id, now_ms)
+    fn retry(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
+        outbox::retry(&self.conn, id, now_ms)
     }
 
     fn set_status_by_operator(

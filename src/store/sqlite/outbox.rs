@@ -5,11 +5,14 @@
 //! row's lease, so two relays never both record a row: the lease is longer than the transport
 //! timeout, and a relay that overran its lease finds its update refused.
 
-use crate::store::model::{ClaimRequest, ClaimedEmail, OutboxRow, SendOutcome, SendResult};
+use crate::store::model::{
+    ClaimRequest, ClaimedEmail, OutboxQuery, OutboxRow, Retried, SendOutcome, SendResult,
+};
 use rusqlite::{params, Connection, OptionalExtension};
 
+use super::reads::Filters;
 use super::StoreError;
-use crate::clock::iso_millis;
+use crate::clock::{iso_millis, iso_seconds};
 
 fn in_write_transaction<T>(
     conn: &Connection,
@@ -151,17 +154,58 @@ pub fn record_results_in_transaction(
         .collect()
 }
 
-/// A dead row back to pending, due now, with its attempts reset. False if it was not dead.
-pub fn retry_dead(conn: &Connection, id: i64, now_ms: i64) -> Result<bool, StoreError> {
+/// `sekali outbox retry` (see [`Retried`]), in one write transaction. Times are fixed-width
+/// text here, compared as text, as the claim compares them.
+pub fn retry(conn: &Connection, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
+    let now = iso_millis(now_ms);
     in_write_transaction(conn, || {
-        Ok(conn
+        let row = conn
             .prepare_cached(
-                "UPDATE email_outbox SET status = 'pending', attempts = 0, next_attempt_at = ?2,
-                        lease_owner = NULL, lease_until = NULL, first_tried_at = NULL
-                 WHERE id = ?1 AND status = 'dead'",
+                "SELECT status, next_attempt_at, attempts, lease_owner, lease_until
+                 FROM email_outbox WHERE id = ?1",
             )?
-            .execute(params![id, iso_millis(now_ms)])?
-            == 1)
+            .query_row([id], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, Option<String>>(1)?,
+                    row.get::<_, i64>(2)?,
+                    row.get::<_, Option<String>>(3)?,
+                    row.get::<_, Option<String>>(4)?,
+                ))
+            })
+            .optional()?;
+        let Some((status, next_attempt_at, attempts, lease_owner, lease_until)) = row else {
+            return Ok(Retried::Missing);
+        };
+        match (status.as_str(), lease_owner, lease_until) {
+            ("dead", _, _) => {
+                conn.prepare_cached(
+                    "UPDATE email_outbox SET status = 'pending', attempts = 0, next_attempt_at = ?2,
+                            lease_owner = NULL, lease_until = NULL, first_tried_at = NULL
+                     WHERE id = ?1",
+                )?
+                .execute(params![id, now])?;
+                Ok(Retried::Revived)
+            }
+            ("pending", Some(owner), Some(until)) if until > now => {
+                Ok(Retried::Leased { owner, until })
+            }
+            ("pending", _, _) => {
+                // A row already due keeps its time, and so its place in the claims' order; a
+                // lease that ran out (its relay died) is cleared.
+                conn.prepare_cached(
+                    "UPDATE email_outbox SET next_attempt_at = min(coalesce(next_attempt_at, ?2), ?2),
+                            lease_owner = NULL, lease_until = NULL
+                     WHERE id = ?1",
+                )?
+                .execute(params![id, now])?;
+                Ok(Retried::DueNow {
+                    was: next_attempt_at.unwrap_or(now),
+                    attempts,
+                })
+            }
+            _ => Ok(Retried::Finished { status }),
+        }
     })
 }
 
@@ -189,15 +233,20 @@ fn outbox_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxRow> {
     })
 }
 
-pub fn list(
-    conn: &Connection,
-    status: Option<&str>,
-    limit: u32,
-) -> rusqlite::Result<Vec<OutboxRow>> {
+/// The rows that match `query`, newest first.
+pub fn list(conn: &Connection, query: &OutboxQuery) -> rusqlite::Result<Vec<OutboxRow>> {
+    let mut filters = Filters::default();
+    filters.add("status = ?", query.status.clone());
+    filters.add("order_id = ?", query.order_id.clone());
+    filters.add("created_at >= ?", query.since_unix.map(iso_seconds));
     conn.prepare(&format!(
-        "SELECT {ROW_COLUMNS} FROM email_outbox WHERE ?1 IS NULL OR status = ?1 ORDER BY id DESC LIMIT ?2"
+        "SELECT {ROW_COLUMNS} FROM email_outbox {} ORDER BY id DESC LIMIT ?",
+        filters.sql()
     ))?
-    .query_map(params![status, limit], outbox_row)?
+    .query_map(
+        rusqlite::params_from_iter(filters.values_then(query.limit)),
+        outbox_row,
+    )?
     .collect()
 }
 

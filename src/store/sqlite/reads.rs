@@ -1,8 +1,44 @@
 //! Read-only queries: health and inspection.
 
+use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::store::model::{EventDetail, EventSummary, RunCounts};
+use crate::clock::iso_seconds;
+use crate::store::model::{EventDetail, EventQuery, EventSummary, RunCounts};
+
+/// The WHERE clause of a listing's filters and their values, in order. Only the filters given
+/// are in the SQL: SQLite can use an index for `order_id = ?`, but not for `(? IS NULL OR
+/// order_id = ?)`.
+#[derive(Default)]
+pub(super) struct Filters {
+    clauses: Vec<&'static str>,
+    values: Vec<Value>,
+}
+
+impl Filters {
+    /// Adds `clause`, with one `?` for `value`, when there is a value.
+    pub(super) fn add(&mut self, clause: &'static str, value: Option<impl Into<Value>>) {
+        if let Some(value) = value {
+            self.clauses.push(clause);
+            self.values.push(value.into());
+        }
+    }
+
+    /// `WHERE a AND b …`, or nothing when no filter was given.
+    pub(super) fn sql(&self) -> String {
+        if self.clauses.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", self.clauses.join(" AND "))
+        }
+    }
+
+    /// The values, then `last` (the limit).
+    pub(super) fn values_then(mut self, last: impl Into<Value>) -> Vec<Value> {
+        self.values.push(last.into());
+        self.values
+    }
+}
 
 /// Proves the database answers: the schema is readable.
 pub fn check_health(conn: &Connection) -> rusqlite::Result<()> {
@@ -32,19 +68,24 @@ fn summary(row: &rusqlite::Row<'_>) -> rusqlite::Result<EventSummary> {
     })
 }
 
-/// The newest events first, optionally of one provider.
-pub fn list_events(
-    conn: &Connection,
-    provider: Option<&str>,
-    limit: u32,
-) -> rusqlite::Result<Vec<EventSummary>> {
+/// The events that match `query`, newest first: in the order they arrived (`rowid`), which
+/// `received_at` cannot give, as several events share a second. Timestamps are fixed-width
+/// text, so `--since` is a comparison of text.
+pub fn list_events(conn: &Connection, query: &EventQuery) -> rusqlite::Result<Vec<EventSummary>> {
+    let mut filters = Filters::default();
+    filters.add("provider = ?", query.provider.clone());
+    filters.add("outcome = ?", query.outcome.map(|o| o.as_str().to_owned()));
+    filters.add("order_id = ?", query.order_id.clone());
+    filters.add("received_at >= ?", query.since_unix.map(iso_seconds));
     let sql = format!(
-        "SELECT {SUMMARY_COLUMNS} FROM processed_events
-         WHERE ?1 IS NULL OR provider = ?1
-         ORDER BY rowid DESC LIMIT ?2"
+        "SELECT {SUMMARY_COLUMNS} FROM processed_events {} ORDER BY rowid DESC LIMIT ?",
+        filters.sql()
     );
     conn.prepare(&sql)?
-        .query_map(params![provider, limit], summary)?
+        .query_map(
+            rusqlite::params_from_iter(filters.values_then(query.limit)),
+            summary,
+        )?
         .collect()
 }
 
