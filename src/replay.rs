@@ -1,9 +1,14 @@
 //! `sekali replay`: sign fixture files the way the provider would and POST them, like
-//! `stripe trigger` for local testing.
+//! `stripe trigger` for local testing, with fields overridden first when asked (`--set`, see
+//! [`set`]).
+
+mod set;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+
+pub use set::{SetError, SetField, SetSyntaxError};
 
 use crate::providers::{self, Provider, Providers};
 
@@ -18,6 +23,8 @@ pub enum ReplayError {
         path: String,
         source: std::io::Error,
     },
+    #[error("cannot set a field of {path}: {source}")]
+    Set { path: String, source: SetError },
     #[error("cannot sign {path} as a {provider} delivery: {reason}")]
     Sign {
         path: String,
@@ -60,26 +67,40 @@ pub fn choose_provider(
     })
 }
 
-/// POSTs each file; prints `FILE: STATUS BODY` per file. Returns true when every answer was 2xx.
+/// POSTs each file, with `sets` applied in order, signed at `now_unix`; prints `FILE: STATUS
+/// BODY` per file. Every file is read, changed and signed before the first is sent, so a `--set`
+/// that cannot be applied sends nothing.
+/// Returns true when every answer was 2xx.
 pub async fn replay_files(
     url: &str,
     provider: &dyn Provider,
     files: &[PathBuf],
+    sets: &[SetField],
     now_unix: i64,
 ) -> Result<bool, ReplayError> {
-    let client = awc::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .finish();
-    let mut all_ok = true;
+    let mut signed = Vec::with_capacity(files.len());
     for path in files {
-        let raw = read(path)?;
-        let signed = provider
-            .sign(&raw, now_unix)
+        let mut body = read(path)?;
+        for field in sets {
+            body = field.apply(&body).map_err(|source| ReplayError::Set {
+                path: path.display().to_string(),
+                source,
+            })?;
+        }
+        let request = provider
+            .sign(&body, now_unix)
             .map_err(|reason| ReplayError::Sign {
                 path: path.display().to_string(),
                 provider: provider.name().to_string(),
                 reason,
             })?;
+        signed.push((path, request));
+    }
+    let client = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .finish();
+    let mut all_ok = true;
+    for (path, signed) in signed {
         let mut request = client
             .post(url)
             .insert_header(("Content-Type", "application/json"));

@@ -395,6 +395,14 @@ pub struct ReplayArgs {
     /// Provider of the files; by default taken from the URL path.
     #[arg(long, value_parser = provider_name)]
     pub provider: Option<String>,
+    /// Set a field of each file before it is signed, as PATH=VALUE; repeatable, applied in
+    /// order. PATH is keys separated by dots, a number indexing an array
+    /// (data.object.metadata.order_id, va_numbers.0.bank); missing objects are created. A field
+    /// that exists keeps its JSON type (gross_amount=99000.00 stays a string; a number takes
+    /// only a number); a new one takes VALUE as JSON when it is JSON, else as a string. Midtrans's
+    /// signature_key is computed over the values set.
+    #[arg(long = "set", value_name = "PATH=VALUE", value_parser = crate::replay::SetField::parse)]
+    pub sets: Vec<crate::replay::SetField>,
     /// Event bodies to sign and send, in order.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,

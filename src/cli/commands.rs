@@ -169,6 +169,7 @@ pub(super) fn replay(args: ReplayArgs) -> CommandResult {
         &args.url,
         provider.as_ref(),
         &args.files,
+        &args.sets,
         SystemClock.now_unix(),
     ))?;
     // Each refused file was reported as it was sent.

@@ -15,6 +15,7 @@ mod ordering;
 mod orders;
 mod purge;
 mod relay;
+mod replay;
 mod schema;
 mod stripe;
 mod stripe_shapes;
