@@ -1,6 +1,11 @@
 //! `sekali replay`: sign fixture files the way the provider would and POST them, like
 //! `stripe trigger` for local testing, with fields overridden first when asked (`--set`, see
 //! [`set`]).
+//!
+//! A first-time user's two traps are explained where they are met, on stderr after the line of
+//! the file that met them (once a run each): a server that does not listen, and a provider's
+//! 503 "not confirmed" from a server that could not confirm a fixture with the provider's API
+//! (see [`Provider::not_confirmed_hint`]).
 
 mod set;
 
@@ -68,8 +73,8 @@ pub fn choose_provider(
 }
 
 /// POSTs each file, with `sets` applied in order, signed at `now_unix`; prints `FILE: STATUS
-/// BODY` per file. Every file is read, changed and signed before the first is sent, so a `--set`
-/// that cannot be applied sends nothing.
+/// BODY` per file, and a hint after a file whose answer has one. Every file is read, changed
+/// and signed before the first is sent, so a `--set` that cannot be applied sends nothing.
 /// Returns true when every answer was 2xx.
 pub async fn replay_files(
     url: &str,
@@ -100,6 +105,7 @@ pub async fn replay_files(
         .timeout(Duration::from_secs(30))
         .finish();
     let mut all_ok = true;
+    let mut hinted = Vec::new();
     for (path, signed) in signed {
         let mut request = client
             .post(url)
@@ -107,7 +113,7 @@ pub async fn replay_files(
         for (name, value) in &signed.headers {
             request = request.insert_header((*name, value.as_str()));
         }
-        match request.send_body(signed.body).await {
+        let hint = match request.send_body(signed.body).await {
             Ok(mut response) => {
                 let status = response.status();
                 let body = response.body().await.unwrap_or_default();
@@ -118,14 +124,65 @@ pub async fn replay_files(
                     String::from_utf8_lossy(&body)
                 );
                 all_ok &= status.is_success();
+                Hint::for_answer(provider, status.as_u16(), &body)
             }
             Err(e) => {
                 crate::outln!("{}: request failed: {e}", path.display());
                 all_ok = false;
+                Hint::for_failure(&e)
             }
+        };
+        if let Some(hint) = hint.filter(|h| !hinted.contains(h)) {
+            // After the file's line: stdout is line-buffered, so the line is out before this.
+            eprintln!("hint: {}", hint.text(provider, url));
+            hinted.push(hint);
         }
     }
     Ok(all_ok)
+}
+
+/// What a first-time user is told after a file whose answer needs explaining.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hint {
+    /// Nothing listens at the URL: no server is running there.
+    NotListening,
+    /// 503 "not confirmed": the server could not confirm the delivery with the provider's API.
+    NotConfirmed,
+}
+
+impl Hint {
+    fn for_answer(provider: &dyn Provider, status: u16, body: &[u8]) -> Option<Hint> {
+        let error = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned));
+        (status == 503
+            && error.as_deref() == Some(crate::routes::NOT_CONFIRMED)
+            && provider.not_confirmed_hint().is_some())
+        .then_some(Hint::NotConfirmed)
+    }
+
+    fn for_failure(error: &awc::error::SendRequestError) -> Option<Hint> {
+        use awc::error::{ConnectError, SendRequestError};
+        matches!(
+            error,
+            SendRequestError::Connect(ConnectError::Io(e))
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+        )
+        .then_some(Hint::NotListening)
+    }
+
+    fn text(self, provider: &dyn Provider, url: &str) -> String {
+        match self {
+            Hint::NotListening => format!(
+                "the connection to {url} was refused: no server listens there. Start one with \
+                 `sekali serve` (with the same secret set as here), or check --url"
+            ),
+            Hint::NotConfirmed => provider
+                .not_confirmed_hint()
+                .expect("only a provider with a hint gives this one")
+                .to_owned(),
+        }
+    }
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, ReplayError> {

@@ -1,6 +1,8 @@
 //! `sekali replay` as a first-time user meets it (issue 30): the real binary against a real
-//! `sekali serve`, for each provider. Fields set before signing (`--set`).
+//! `sekali serve`, for each provider. Fields set before signing (`--set`), and the hints after a
+//! 503 "not confirmed" and after a refused connection.
 
+use std::io::Read;
 use std::process::{Command, Output};
 
 use rusqlite::{Connection, OpenFlags};
@@ -63,6 +65,19 @@ fn replay(server: &ServeProcess, provider: &str, extra: &[&str], files: &[&str])
     replay_command(&server.base_url(), provider, extra, files)
         .output()
         .unwrap()
+}
+
+/// Runs `command` with its stdout and stderr into one pipe, as a terminal shows them: the
+/// exit status and everything written, in the order it was written.
+fn run_interleaved(mut command: Command) -> (std::process::ExitStatus, String) {
+    let (mut reader, writer) = std::io::pipe().unwrap();
+    command.stdout(writer.try_clone().unwrap()).stderr(writer);
+    let mut child = command.spawn().unwrap();
+    // The command holds the pipe's writing ends: gone, the read ends when the child exits.
+    drop(command);
+    let mut text = String::new();
+    reader.read_to_string(&mut text).unwrap();
+    (child.wait().unwrap(), text)
 }
 
 /// The JSON body of the answer `replay` printed for its `index`th file (`FILE: STATUS BODY`).
@@ -242,5 +257,90 @@ fn replay_set_that_cannot_be_applied_sends_nothing_and_says_why() {
     assert!(
         String::from_utf8_lossy(&output.stderr).contains("expected PATH=VALUE"),
         "{output:?}"
+    );
+}
+
+// --- hints ------------------------------------------------------------------------------------
+
+/// Fails on the version that printed only the 503 line: a first-time user replaying a Midtrans
+/// fixture at a server with the status check on (the default) was told "retry later", which
+/// never helps, since the fixture's transaction is not in Midtrans.
+#[test]
+fn replay_explains_a_midtrans_503_not_confirmed_after_the_files_line() {
+    // The check on, against a status API nobody answers.
+    let api = format!("http://127.0.0.1:{}", free_port());
+    let server = ServeProcess::start_with(
+        &[
+            secret_of("midtrans"),
+            ("SEKALI_MIDTRANS_STATUS_CHECK", "on"),
+            ("MIDTRANS_API_URL", &api),
+        ],
+        "warn",
+        &["--no-relay"],
+    );
+    let (status, text) = run_interleaved(replay_command(
+        &server.base_url(),
+        "midtrans",
+        &[],
+        &["midtrans/settlement.json", "midtrans/pending.json"],
+    ));
+    assert!(!status.success(), "the exit status stays failure: {text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "two files' lines and one hint: {text}");
+    assert!(
+        lines[0].ends_with(&format!(
+            "settlement.json: 503 {{\"error\":\"{}\"}}",
+            sekali::routes::NOT_CONFIRMED
+        )),
+        "{text}"
+    );
+    let hint = lines[1];
+    for words in [
+        "hint: the server's Midtrans status check could not confirm",
+        "cannot reach Midtrans",
+        "not in Midtrans at all",
+        "`sekali serve --midtrans-status-check off`",
+        "SEKALI_MIDTRANS_STATUS_CHECK=off",
+        "Keep it on in production: the signature does not cover the transaction status",
+    ] {
+        assert!(hint.contains(words), "{words:?} missing from: {text}");
+    }
+    // Once a run: the second file's 503 is not explained again.
+    assert!(lines[2].contains("pending.json: 503"), "{text}");
+}
+
+/// Fails on the version that printed only `request failed: Failed to connect to host:
+/// Connection refused`, without saying that no server was running there.
+#[test]
+fn replay_to_a_port_nobody_listens_on_says_to_start_sekali_serve_or_check_the_url() {
+    let base_url = format!("http://127.0.0.1:{}", free_port());
+    let (status, text) = run_interleaved(replay_command(
+        &base_url,
+        "stripe",
+        &[],
+        &[
+            "stripe/payment_intent.succeeded.json",
+            "stripe/customer.created.json",
+        ],
+    ));
+    assert!(!status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].contains("payment_intent.succeeded.json: request failed")
+            && lines[0].contains("Connection refused"),
+        "{text}"
+    );
+    assert_eq!(
+        lines[1],
+        format!(
+            "hint: the connection to {base_url}/webhooks/stripe was refused: no server listens \
+             there. Start one with `sekali serve` (with the same secret set as here), or check \
+             --url"
+        )
+    );
+    assert!(
+        lines[2].contains("customer.created.json: request failed"),
+        "{text}"
     );
 }
