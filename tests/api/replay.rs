@@ -1,6 +1,7 @@
 //! `sekali replay` as a first-time user meets it (issue 30): the real binary against a real
-//! `sekali serve`, for each provider. Fields set before signing (`--set`), and the hints after a
-//! 503 "not confirmed" and after a refused connection.
+//! `sekali serve`, for each provider. Fields set before signing (`--set`), the hints after a
+//! 503 "not confirmed" and after a refused connection, and the fixtures' README, whose table of
+//! outcomes is replayed in its own order.
 
 use std::io::Read;
 use std::process::{Command, Output};
@@ -343,4 +344,105 @@ fn replay_to_a_port_nobody_listens_on_says_to_start_sekali_serve_or_check_the_ur
         lines[2].contains("customer.created.json: request failed"),
         "{text}"
     );
+}
+
+// --- the fixtures' README ---------------------------------------------------------------------
+
+/// One row of the table "Files and expected outcome" in `fixtures/README.md`.
+#[derive(Debug)]
+struct Row {
+    file: String,
+    provider: String,
+    /// The order it names, `None` for "none".
+    order_id: Option<String>,
+    /// The last column: an order status (`paid`), or an outcome (`ignored`), then any words.
+    expected: String,
+}
+
+/// The table's rows, in the README's order. Its format: `| \`file\` | Provider | type | order
+/// id (how found) | expected outcome |`, the order id and file in backquotes.
+fn fixture_table() -> Vec<Row> {
+    let readme = std::fs::read_to_string(fixture_path("README.md")).unwrap();
+    let backquoted = |cell: &str| cell.split('`').nth(1).map(str::to_owned);
+    readme
+        .lines()
+        .filter(|line| line.starts_with("| `"))
+        .map(|line| {
+            let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+            assert_eq!(cells.len(), 5, "{line}");
+            Row {
+                file: backquoted(cells[0]).expect("a file in backquotes"),
+                provider: cells[1].to_lowercase(),
+                order_id: if cells[3].starts_with("none") {
+                    None
+                } else {
+                    Some(backquoted(cells[3]).expect("an order id in backquotes"))
+                },
+                expected: cells[4].to_owned(),
+            }
+        })
+        .collect()
+}
+
+/// The README's table is what a first-time user replays, top to bottom. Each file goes through
+/// `sekali replay` to one server (status check off, as the README says to for local tests), and
+/// after each the order it names must have the status the last column names; where that column
+/// names an outcome instead (`ignored`), the delivery's outcome must be it, and where it names
+/// one in parentheses (``(outcome `reversed`)``), that too.
+#[test]
+fn every_fixture_in_the_readme_table_ends_where_the_table_says_when_replayed_in_its_order() {
+    let rows = fixture_table();
+    assert!(rows.len() >= 37, "the table was read: {rows:?}");
+    let server = serve_all_providers();
+    let mut wrong = Vec::new();
+    for row in &rows {
+        let output = replay(&server, &row.provider, &[], &[&row.file]);
+        let (status, body) = answer(&output, 0);
+        assert_eq!(status, 200, "{}: {output:?}", row.file);
+        let outcome = body["status"].as_str().unwrap_or_default().to_owned();
+        let first_word: String = row
+            .expected
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let found = match first_word.parse::<sekali::domain::OrderStatus>() {
+            Ok(_) => {
+                let order_id = row.order_id.as_deref().expect("a status needs an order");
+                order(&server, order_id).map_or_else(|| "no order".to_owned(), |(s, _)| s)
+            }
+            Err(_) => outcome.clone(),
+        };
+        if found != first_word {
+            wrong.push(format!(
+                "{}: the table says {}, found {found} (outcome {outcome})",
+                row.file, row.expected
+            ));
+        }
+        if let Some((_, rest)) = row.expected.split_once("(outcome `") {
+            let named = rest.split('`').next().unwrap();
+            if named != outcome {
+                wrong.push(format!(
+                    "{}: the table names the outcome {named}, the delivery's was {outcome}",
+                    row.file
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The README says what a first-time Midtrans replay needs: the status check off.
+#[test]
+fn the_fixtures_readme_says_to_turn_the_midtrans_status_check_off_for_local_replays() {
+    let readme = std::fs::read_to_string(fixture_path("README.md")).unwrap();
+    for words in [
+        "--midtrans-status-check off",
+        "SEKALI_MIDTRANS_STATUS_CHECK=off",
+        "not confirmed with the provider yet",
+    ] {
+        assert!(
+            readme.contains(words),
+            "{words:?} missing from fixtures/README.md"
+        );
+    }
 }
