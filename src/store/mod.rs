@@ -24,9 +24,10 @@ use futures_util::future::BoxFuture;
 pub use crate::domain::Outcome;
 use crate::domain::{NormalizedEvent, OrderStatus};
 pub use model::{
-    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventSummary, IdempotentOutcome,
-    NewOrder, OrderView, OutboxRow, Purged, RunCounts, SendOutcome, SendResult, SetStatusError,
-    StoreStats, StoredResponse, WriterStats, DEFAULT_PURGE_BATCH,
+    BackupReport, ClaimRequest, ClaimedEmail, DeletedRun, EventDetail, EventSummary,
+    IdempotentOutcome, NewOrder, OrderView, OrdersOutsideRuns, OutboxRow, Purged, RunCounts,
+    RunDeletion, RunEmail, RunMarker, SendOutcome, SendResult, SetStatusError, StoreStats,
+    StoredResponse, WriterStats, DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
 };
 
 /// A store failure. Engine errors keep their own codes (SQLite's extended result code is in the
@@ -175,7 +176,7 @@ pub trait Store: Send + Sync {
 }
 
 /// An operator's command on the database (`sekali events`, `outbox`, `orders set-status`,
-/// `purge`, `backup`, and the load generator's check), on a connection of its own.
+/// `purge`, `backup`, and the load generator's checks and cleanup), on a connection of its own.
 pub trait Maintenance {
     /// The newest events first, optionally of one provider.
     fn events(&self, provider: Option<&str>, limit: u32) -> Result<Vec<EventSummary>, StoreError>;
@@ -215,6 +216,19 @@ pub trait Maintenance {
     /// Rows of one load-generator run: events whose id, and orders and emails whose order id,
     /// contain `marker`.
     fn run_counts(&self, marker: &str) -> Result<RunCounts, StoreError>;
+
+    /// Orders whose id is not a load-generator run's (`bench_{hex run id}_…`): real orders,
+    /// which the load generator refuses to write beside. Their count, and up to `examples` ids.
+    fn orders_outside_runs(&self, examples: u32) -> Result<OrdersOutsideRuns, StoreError>;
+
+    /// Deletes every row one load-generator run wrote, in ONE write transaction: its events,
+    /// orders, their transitions and payments, and its emails, whose keys and orders it returns
+    /// (to remove their files). Unless one of its emails is leased to a relay at `now_ms`: a
+    /// relay may be writing it now, and would write a file after the deletion, so nothing is
+    /// deleted and [`RunDeletion::Leased`] says how many are (the caller waits, and asks again).
+    /// Checked in the same transaction, so no relay can claim a row between the check and the
+    /// deletion; once committed, no relay can claim one at all.
+    fn delete_run(&self, run: &RunMarker, now_ms: i64) -> Result<RunDeletion, StoreError>;
 }
 
 #[cfg(test)]
