@@ -381,10 +381,17 @@ pub struct BenchArgs {
     /// under overload is lost.
     #[arg(long)]
     pub retry: bool,
-    /// Afterwards, check in this database file that every unique event has exactly one row and
-    /// one effect.
+    /// The database file of the server bench sends to. Before sending, bench refuses it when it
+    /// holds orders that are not the load generator's (real orders; see --force); afterwards it
+    /// checks that every unique event has exactly one row and one effect. Without it bench
+    /// cannot see the database, and warns.
     #[arg(long)]
     pub check_db: Option<PathBuf>,
+    /// Send even when --check-db holds orders that are not the load generator's: bench then
+    /// writes thousands of paid orders (bench_RUN_N), each with a receipt the server's relay
+    /// sends, into a database with real ones. Rather run it against a copy (sekali backup).
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]

@@ -148,6 +148,7 @@ pub(super) fn bench(args: BenchArgs) -> CommandResult {
         random_ids: args.random_ids,
         retry: args.retry,
         check_db: args.check_db,
+        force: args.force,
     };
     let report = crate::bench::run_bench(&config)?;
     crate::outln!(

@@ -3,6 +3,7 @@
 
 mod cli;
 
+mod bench_safety;
 mod concurrency;
 mod environment;
 mod helpers;
