@@ -129,6 +129,7 @@ fn measure_with_relay(
         // slowed its drain about fivefold (16,000 emails/s alone, 3,000/s beside the check).
         check_db: None,
         force: false,
+        cleanup: None,
     };
     let mut report = run_bench(&config).expect("bench runs");
     let load_ended = Instant::now();

@@ -5,7 +5,7 @@
 //! would (a Stripe redelivery gets a fresh `t` and signature), and each redelivery is sent right
 //! next to its original, so the two race on different connections. The report is one JSON line
 //! and a table. `--check-db` then verifies that every unique event has exactly one row and one
-//! effect.
+//! effect, and `--cleanup` removes the run's rows and files (see [`cleanup`]).
 //!
 //! It writes real orders: thousands of paid orders `bench_{run_id}_{i}`, each with its receipt
 //! in the outbox, which the server's relay sends. So with `--check-db` it first looks in the
@@ -24,13 +24,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod cleanup;
 mod report;
 
-pub use report::{BenchReport, SlowDelivery};
+pub use cleanup::{CleanedUp, CleanupError};
+pub use report::{BenchReport, Cleanup, SlowDelivery};
 
 use crate::clock::{Clock, SystemClock};
 use crate::providers::Provider;
-use crate::store::Maintenance;
+use crate::store::{Maintenance, RunMarker};
 
 #[derive(Clone)]
 pub struct BenchConfig {
@@ -55,6 +57,9 @@ pub struct BenchConfig {
     pub check_db: Option<PathBuf>,
     /// Send even when `check_db` holds orders that are not the load generator's.
     pub force: bool,
+    /// After the run and its check, remove its rows from `check_db` and its `.eml` files from
+    /// this mail directory (see [`cleanup`]).
+    pub cleanup: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +149,7 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         "{:x}",
         SystemClock.now_unix() * 1000 + std::process::id() as i64 % 1000
     );
+    let marker = RunMarker::new(&run_id).expect("a run id is lower-case hex");
     if let Some(warning) = guard_database(config, &run_id)? {
         eprintln!("warning: {warning}");
     }
@@ -243,9 +249,16 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         max_ms: percentile(100.0),
         slowest: outcome.slowest,
         check_db: None,
+        cleanup: None,
     };
     if let Some(db) = &config.check_db {
         report.check_db = Some(check_db(db, &run_id, unique_sent)?);
+        if let Some(mail_dir) = &config.cleanup {
+            report.cleanup = Some(match cleanup::clean_up(db, &marker, mail_dir) {
+                Ok(cleaned) => Cleanup::Done(cleaned),
+                Err(e) => Cleanup::Failed(e.to_string()),
+            });
+        }
     }
     Ok(report)
 }

@@ -392,6 +392,16 @@ pub struct BenchArgs {
     /// sends, into a database with real ones. Rather run it against a copy (sekali backup).
     #[arg(long)]
     pub force: bool,
+    /// After the run and its check, delete every row the run wrote from --check-db (its events,
+    /// orders, their transitions and payments, its emails) in one transaction, and its .eml
+    /// files from --mail-dir. It first waits for the server's relay to finish sending any of
+    /// the run's emails it holds (at most 6 minutes). Needs --check-db.
+    #[arg(long, requires = "check_db")]
+    pub cleanup: bool,
+    /// The server's mail directory (serve's --mail-dir), where --cleanup removes the run's .eml
+    /// files.
+    #[arg(long, default_value = "mail")]
+    pub mail_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]

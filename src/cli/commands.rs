@@ -149,6 +149,7 @@ pub(super) fn bench(args: BenchArgs) -> CommandResult {
         retry: args.retry,
         check_db: args.check_db,
         force: args.force,
+        cleanup: args.cleanup.then_some(args.mail_dir),
     };
     let report = crate::bench::run_bench(&config)?;
     crate::outln!(

@@ -309,6 +309,7 @@ pub struct ServeProcess {
     pub port: u16,
     logs: Option<std::thread::JoinHandle<String>>,
     db: std::path::PathBuf,
+    mail_dir: std::path::PathBuf,
     _dir: TempDir,
 }
 
@@ -346,6 +347,7 @@ impl ServeProcess {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db = db.map_or_else(|| dir.path().join(SERVE_DB), ToOwned::to_owned);
+        let mail_dir = dir.path().join("mail");
         let mut command = std::process::Command::new(sekali_bin());
         command
             .args([
@@ -357,7 +359,7 @@ impl ServeProcess {
                 "50ms",
             ])
             .arg("--mail-dir")
-            .arg(dir.path().join("mail"))
+            .arg(&mail_dir)
             .arg("--db")
             .arg(&db)
             .args(args)
@@ -412,6 +414,7 @@ impl ServeProcess {
             port,
             logs: Some(logs),
             db,
+            mail_dir,
             _dir: dir,
         }
     }
@@ -422,6 +425,12 @@ impl ServeProcess {
 
     pub fn db_path(&self) -> std::path::PathBuf {
         self.db.clone()
+    }
+
+    /// Where its relay writes `.eml` files (`--mail-dir`); the arguments given to start it
+    /// come after, so a test's own `--mail-dir` wins and this path stays empty.
+    pub fn mail_dir(&self) -> std::path::PathBuf {
+        self.mail_dir.clone()
     }
 
     /// Sends SIGTERM and waits; the exit status and everything the server logged.
