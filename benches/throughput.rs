@@ -128,6 +128,8 @@ fn measure_with_relay(
         // Checked once the relay has drained: four scans of the run's rows beside the relay
         // slowed its drain about fivefold (16,000 emails/s alone, 3,000/s beside the check).
         check_db: None,
+        force: false,
+        cleanup: None,
     };
     let mut report = run_bench(&config).expect("bench runs");
     let load_ended = Instant::now();

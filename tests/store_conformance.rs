@@ -30,7 +30,8 @@ use sekali::domain::{
 use sekali::store::{
     ClaimRequest, ClaimedEmail, CreateOrder, EventQuery, IdempotentOutcome, Maintenance, NewOrder,
     OperatorChange, OrderQuery, OrderView, OutboxQuery, OutboxRow, Outcome, Purged, Retried,
-    SendOutcome, SendResult, SetStatusError, Store, StoreError, StoredResponse, Transition,
+    RunDeletion, RunMarker, SendOutcome, SendResult, SetStatusError, Store, StoreError,
+    StoredResponse, Transition,
 };
 use serde_json::{json, Value};
 
@@ -168,6 +169,10 @@ macro_rules! conformance_suite {
                 the_store_answers_its_health_check,
                 stats_count_transactions_deliveries_and_relay_work,
                 run_counts_count_the_rows_of_one_marker,
+                // the load generator's rows
+                orders_outside_runs_are_every_order_but_the_load_generators,
+                deleting_a_run_removes_every_row_it_wrote_and_nothing_else,
+                a_run_is_not_deleted_while_a_relay_holds_one_of_its_emails,
                 // operator
                 an_operator_can_set_any_status_and_gets_the_previous_one,
                 setting_the_status_of_a_missing_order_is_no_such_order,
@@ -2329,6 +2334,145 @@ mod suite {
         );
         let none = t.ops.run_counts("run8").unwrap();
         assert_eq!((none.events, none.orders, none.emails), (0, 0, 0));
+    }
+
+    // --- the load generator's rows ----------------------------------------------------------
+
+    /// Real orders are those of no run: `bench_{hex}_{hex or decimal}` is a run's, in that
+    /// case; a shop's `bench_deluxe_1` or `BENCH_1a_0` is not.
+    pub async fn orders_outside_runs_are_every_order_but_the_load_generators(t: Ctx) {
+        let none = t.ops.orders_outside_runs(5).unwrap();
+        assert_eq!((none.count, none.examples.len()), (0, 0));
+        for (event, order) in [
+            ("evt_bench_1a_0", "bench_1a_0"),
+            ("evt_bench_1a_00000000000000ff", "bench_1a_00000000000000ff"),
+            ("evt_1", "ord_1"),
+            ("evt_2", "bench_deluxe_1"),
+            ("evt_3", "BENCH_1a_0"),
+            ("evt_4", "bench__1"),
+            ("evt_5", "bench_1a_"),
+        ] {
+            t.record(paid(event, order)).await;
+        }
+        let outside = t.ops.orders_outside_runs(2).unwrap();
+        assert_eq!(outside.count, 5);
+        assert_eq!(outside.examples, ["BENCH_1a_0", "bench_1a_"]);
+    }
+
+    /// Every row of the run goes: its events (one that named no order too), orders,
+    /// transitions, payments and emails, and the emails' keys come back for their files. A
+    /// run whose id begins with this one's, and a real order, keep every row.
+    pub async fn deleting_a_run_removes_every_row_it_wrote_and_nothing_else(t: Ctx) {
+        t.record(paid("evt_bench_7f_0", "bench_7f_0").payment("pi_bench_7f_0"))
+            .await;
+        t.record(paid("evt_bench_7f_1", "bench_7f_1")).await;
+        let refund = ev("evt_bench_7f_0r")
+            .kind("charge.refunded")
+            .order("bench_7f_0")
+            .to(Refunded)
+            .refunded(1500);
+        assert_eq!(t.record(refund).await, Outcome::Processed);
+        assert_eq!(t.record(ev("evt_bench_7f_9")).await, Outcome::Ignored);
+        t.record(paid("evt_bench_7f0_0", "bench_7f0_0").payment("pi_bench_7f0_0"))
+            .await;
+        t.record(paid("evt_1", "ord_1").payment("pi_1")).await;
+        let emails: Vec<(String, String)> = t
+            .outbox()
+            .into_iter()
+            .filter(|row| row.order_id.starts_with("bench_7f_"))
+            .map(|row| (row.idempotency_key, row.order_id))
+            .collect();
+        assert_eq!(emails.len(), 3);
+        let others = json!({
+            "real": [t.order("ord_1").await, t.emails("ord_1"), t.claim_of("stripe", "evt_1")],
+            "run": [t.order("bench_7f0_0").await, t.emails("bench_7f0_0")],
+        });
+
+        let run = RunMarker::new("7f").unwrap();
+        let RunDeletion::Deleted(deleted) = t.ops.delete_run(&run, t.now_ms()).unwrap() else {
+            panic!("no email was leased");
+        };
+        assert_eq!(
+            (
+                deleted.events,
+                deleted.orders,
+                deleted.transitions,
+                deleted.payments
+            ),
+            (4, 2, 3, 1)
+        );
+        let mut returned: Vec<(String, String)> = deleted
+            .emails
+            .into_iter()
+            .map(|e| (e.idempotency_key, e.order_id))
+            .collect();
+        returned.sort();
+        let mut emails = emails;
+        emails.sort();
+        assert_eq!(returned, emails);
+
+        let of_run = |id: &str| id.contains("bench_7f_");
+        let events = t.ops.events(&EventQuery::newest(ALL)).unwrap();
+        assert!(!events.iter().any(|e| of_run(&e.event_id)), "{events:?}");
+        let orders = t.all_orders().await;
+        assert!(!orders.iter().any(|o| of_run(&o.order_id)), "{orders:?}");
+        assert!(!t.outbox().iter().any(|row| of_run(&row.order_id)));
+        assert_eq!(
+            json!({
+                "real": [t.order("ord_1").await, t.emails("ord_1"), t.claim_of("stripe", "evt_1")],
+                "run": [t.order("bench_7f0_0").await, t.emails("bench_7f0_0")],
+            }),
+            others
+        );
+        // The payment of the other run still leads to its order.
+        let charge = ev("evt_bench_7f0_0r")
+            .kind("charge.refunded")
+            .via_payment("pi_bench_7f0_0", true)
+            .to(Refunded)
+            .refunded(1500);
+        assert_eq!(t.record(charge).await, Outcome::Processed);
+
+        let again = t.ops.delete_run(&run, t.now_ms()).unwrap();
+        assert_eq!(again, RunDeletion::Deleted(Default::default()));
+    }
+
+    /// A relay holding one of the run's emails may be writing it now: nothing is deleted until
+    /// it records its result or its lease runs out.
+    pub async fn a_run_is_not_deleted_while_a_relay_holds_one_of_its_emails(t: Ctx) {
+        t.record(paid("evt_bench_5_0", "bench_5_0")).await;
+        t.record(paid("evt_bench_5_1", "bench_5_1")).await;
+        let run = RunMarker::new("5").unwrap();
+        let claimed = t.claim("relay-a", 1).await;
+        assert_eq!(claimed.len(), 1);
+        let before = t.snapshot().await;
+        assert_eq!(
+            t.ops.delete_run(&run, t.now_ms()).unwrap(),
+            RunDeletion::Leased { emails: 1 }
+        );
+        assert_eq!(t.snapshot().await, before);
+
+        // Sent: the lease is over.
+        t.results("relay-a", &[(claimed[0].id, SendOutcome::Sent)])
+            .await;
+        let claimed = t.claim("relay-a", 1).await;
+        assert_eq!(claimed.len(), 1);
+        assert!(matches!(
+            t.ops.delete_run(&run, t.now_ms()).unwrap(),
+            RunDeletion::Leased { emails: 1 }
+        ));
+        // Or the relay died holding it: the lease runs out.
+        t.advance((LEASE_MS / 1000) as u64);
+        let RunDeletion::Deleted(deleted) = t.ops.delete_run(&run, t.now_ms()).unwrap() else {
+            panic!("the lease ran out");
+        };
+        assert_eq!((deleted.orders, deleted.emails.len()), (2, 2));
+        // The relay that overran its lease records nothing for a row that is gone.
+        assert_eq!(
+            t.results("relay-a", &[(claimed[0].id, SendOutcome::Sent)])
+                .await,
+            [false]
+        );
+        assert!(t.claim("relay-b", 10).await.is_empty());
     }
 
     // --- the operator's override ---------------------------------------------------------------

@@ -5,7 +5,12 @@
 //! would (a Stripe redelivery gets a fresh `t` and signature), and each redelivery is sent right
 //! next to its original, so the two race on different connections. The report is one JSON line
 //! and a table. `--check-db` then verifies that every unique event has exactly one row and one
-//! effect.
+//! effect, and `--cleanup` removes the run's rows and files (see [`cleanup`]).
+//!
+//! It writes real orders: thousands of paid orders `bench_{run_id}_{i}`, each with its receipt
+//! in the outbox, which the server's relay sends. So with `--check-db` it first looks in the
+//! database, and refuses to send anything there beside orders that are not its own unless
+//! `--force`; without it, it cannot look, and warns (see [`guard_database`]).
 //!
 //! By default each connection sends its next request as soon as the previous answer arrives (a
 //! closed loop: the server's speed sets the rate). `--rate` offers a fixed rate instead, spread
@@ -19,12 +24,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod cleanup;
 mod report;
 
-pub use report::{BenchReport, SlowDelivery};
+pub use cleanup::{CleanedUp, CleanupError};
+pub use report::{BenchReport, Cleanup, SlowDelivery};
 
 use crate::clock::{Clock, SystemClock};
 use crate::providers::Provider;
+use crate::store::{Maintenance, RunMarker};
 
 #[derive(Clone)]
 pub struct BenchConfig {
@@ -47,6 +55,11 @@ pub struct BenchConfig {
     /// `max_seconds`.
     pub retry: bool,
     pub check_db: Option<PathBuf>,
+    /// Send even when `check_db` holds orders that are not the load generator's.
+    pub force: bool,
+    /// After the run and its check, remove its rows from `check_db` and its `.eml` files from
+    /// this mail directory (see [`cleanup`]).
+    pub cleanup: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +70,28 @@ pub enum BenchError {
     Url(String),
     #[error("--check-db: {0}")]
     Check(String),
+    #[error(
+        "--check-db {db} holds {count} {orders} not the load generator's ({examples}): \
+         bench would add up to {events} paid orders beside them, each with a receipt that the \
+         server's relay sends. Run it against a copy instead: `sekali backup --db {db} COPY`, \
+         serve COPY on another address, and point bench at that server with --check-db COPY. \
+         Or pass --force to write into this database anyway",
+        orders = orders_that_are(*.count)
+    )]
+    RealOrders {
+        db: String,
+        count: i64,
+        examples: String,
+        events: usize,
+    },
+}
+
+fn orders_that_are(count: i64) -> &'static str {
+    if count == 1 {
+        "order that is"
+    } else {
+        "orders that are"
+    }
 }
 
 /// Marks where the event number goes in a rendered template.
@@ -114,6 +149,10 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         "{:x}",
         SystemClock.now_unix() * 1000 + std::process::id() as i64 % 1000
     );
+    let marker = RunMarker::new(&run_id).expect("a run id is lower-case hex");
+    if let Some(warning) = guard_database(config, &run_id)? {
+        eprintln!("warning: {warning}");
+    }
 
     // The plan: every unique event, and after every 1/dup_ratio-th one a redelivery of it, sent
     // next so the two race on different connections.
@@ -210,11 +249,62 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         max_ms: percentile(100.0),
         slowest: outcome.slowest,
         check_db: None,
+        cleanup: None,
     };
     if let Some(db) = &config.check_db {
         report.check_db = Some(check_db(db, &run_id, unique_sent)?);
+        if let Some(mail_dir) = &config.cleanup {
+            report.cleanup = Some(match cleanup::clean_up(db, &marker, mail_dir) {
+                Ok(cleaned) => Cleanup::Done(cleaned),
+                Err(e) => Cleanup::Failed(e.to_string()),
+            });
+        }
     }
     Ok(report)
+}
+
+/// Before anything is sent: with `--check-db`, refuses a database that holds orders not the
+/// load generator's unless `--force` (a warning then); without it, the warning that bench cannot
+/// see the database and what it will write there. The warning to print, if any.
+pub fn guard_database(config: &BenchConfig, run_id: &str) -> Result<Option<String>, BenchError> {
+    let Some(db) = &config.check_db else {
+        return Ok(Some(format!(
+            "without --check-db, bench cannot see the database of the server at {url}, so it \
+             cannot tell whether it holds real orders. It will write up to {events} paid orders \
+             there (bench_{run_id}_0, bench_{run_id}_1, …) with their events, and a receipt for \
+             each, which the server's relay sends (to customer…@example.com where the \
+             provider's payment carries an address). Point it at a server of a copy (`sekali \
+             backup`), and pass --check-db with the copy's file to have it looked at first",
+            url = config.url,
+            events = config.events,
+        )));
+    };
+    let outside = crate::store::sqlite::SqliteMaintenance::open(db, false)
+        .and_then(|store| store.orders_outside_runs(3))
+        .map_err(|e| BenchError::Check(e.to_string()))?;
+    if outside.count == 0 {
+        return Ok(None);
+    }
+    let mut examples = outside.examples.join(", ");
+    if outside.count > outside.examples.len() as i64 {
+        examples.push_str(", …");
+    }
+    if !config.force {
+        return Err(BenchError::RealOrders {
+            db: db.display().to_string(),
+            count: outside.count,
+            examples,
+            events: config.events,
+        });
+    }
+    Ok(Some(format!(
+        "--force: writing up to {} paid orders and their receipts into {}, beside its {} {} \
+         not the load generator's ({examples})",
+        config.events,
+        db.display(),
+        outside.count,
+        orders_that_are(outside.count)
+    )))
 }
 
 #[derive(Default)]

@@ -41,6 +41,17 @@ pub struct BenchReport {
     /// "ok" or what --check-db found wrong; absent without --check-db.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check_db: Option<String>,
+    /// What `--cleanup` removed, or why it failed; absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cleanup: Option<Cleanup>,
+}
+
+/// The outcome of `--cleanup`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cleanup {
+    Done(super::CleanedUp),
+    Failed(String),
 }
 
 /// A delivery answered 2xx: how long it took, and when it was sent, in seconds since the run
@@ -75,6 +86,9 @@ impl BenchReport {
         }
         if let Some(check) = self.check_db.as_deref().filter(|c| *c != "ok") {
             why.push(format!("--check-db: {check}"));
+        }
+        if let Some(Cleanup::Failed(reason)) = &self.cleanup {
+            why.push(format!("--cleanup: {reason}"));
         }
         (!why.is_empty()).then(|| why.join("; "))
     }
@@ -133,6 +147,33 @@ impl BenchReport {
         }
         if let Some(check) = &self.check_db {
             out.push_str(&format!("check-db           {check}\n"));
+        }
+        match &self.cleanup {
+            Some(Cleanup::Done(c)) => {
+                out.push_str(&format!(
+                    "cleanup            removed {} events, {} orders, {} transitions, {} payments, \
+                     {} emails and {} files",
+                    c.events, c.orders, c.transitions, c.payments, c.emails, c.files
+                ));
+                if c.waited_s > 0.0 {
+                    out.push_str(&format!(
+                        ", after waiting {:.1} s for the relay to finish the run's emails it held",
+                        c.waited_s
+                    ));
+                }
+                out.push('\n');
+                if !c.files_kept.is_empty() {
+                    out.push_str(&format!(
+                        "cleanup kept       {} (named as the run's emails, but not provably \
+                         theirs)\n",
+                        c.files_kept.join(", ")
+                    ));
+                }
+            }
+            Some(Cleanup::Failed(reason)) => {
+                out.push_str(&format!("cleanup            FAILED: {reason}\n"));
+            }
+            None => {}
         }
         out
     }

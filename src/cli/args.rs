@@ -486,10 +486,27 @@ pub struct BenchArgs {
     /// under overload is lost.
     #[arg(long)]
     pub retry: bool,
-    /// Afterwards, check in this database file that every unique event has exactly one row and
-    /// one effect.
+    /// The database file of the server bench sends to. Before sending, bench refuses it when it
+    /// holds orders that are not the load generator's (real orders; see --force); afterwards it
+    /// checks that every unique event has exactly one row and one effect. Without it bench
+    /// cannot see the database, and warns.
     #[arg(long)]
     pub check_db: Option<PathBuf>,
+    /// Send even when --check-db holds orders that are not the load generator's: bench then
+    /// writes thousands of paid orders (bench_RUN_N), each with a receipt the server's relay
+    /// sends, into a database with real ones. Rather run it against a copy (sekali backup).
+    #[arg(long)]
+    pub force: bool,
+    /// After the run and its check, delete every row the run wrote from --check-db (its events,
+    /// orders, their transitions and payments, its emails) in one transaction, and its .eml
+    /// files from --mail-dir. It first waits for the server's relay to finish sending any of
+    /// the run's emails it holds (at most 6 minutes). Needs --check-db.
+    #[arg(long, requires = "check_db")]
+    pub cleanup: bool,
+    /// The server's mail directory (serve's --mail-dir), where --cleanup removes the run's .eml
+    /// files.
+    #[arg(long, default_value = "mail")]
+    pub mail_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -500,6 +517,14 @@ pub struct ReplayArgs {
     /// Provider of the files; by default taken from the URL path.
     #[arg(long, value_parser = provider_name)]
     pub provider: Option<String>,
+    /// Set a field of each file before it is signed, as PATH=VALUE; repeatable, applied in
+    /// order. PATH is keys separated by dots, a number indexing an array
+    /// (data.object.metadata.order_id, va_numbers.0.bank); missing objects are created. A field
+    /// that exists keeps its JSON type (gross_amount=99000.00 stays a string; a number takes
+    /// only a number); a new one takes VALUE as JSON when it is JSON, else as a string. Midtrans's
+    /// signature_key is computed over the values set.
+    #[arg(long = "set", value_name = "PATH=VALUE", value_parser = crate::replay::SetField::parse)]
+    pub sets: Vec<crate::replay::SetField>,
     /// Event bodies to sign and send, in order.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,

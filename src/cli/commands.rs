@@ -179,6 +179,8 @@ pub(super) fn bench(args: BenchArgs) -> CommandResult {
         random_ids: args.random_ids,
         retry: args.retry,
         check_db: args.check_db,
+        force: args.force,
+        cleanup: args.cleanup.then_some(args.mail_dir),
     };
     let report = crate::bench::run_bench(&config)?;
     crate::outln!(
@@ -200,6 +202,7 @@ pub(super) fn replay(args: ReplayArgs) -> CommandResult {
         &args.url,
         provider.as_ref(),
         &args.files,
+        &args.sets,
         SystemClock.now_unix(),
     ))?;
     // Each refused file was reported as it was sent.

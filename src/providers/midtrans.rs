@@ -61,6 +61,15 @@ pub const DEFAULT_CURRENCY: &str = "IDR";
 pub const ENV_SERVER_KEY: &str = "MIDTRANS_SERVER_KEY";
 pub const ENV_STATUS_CHECK: &str = "SEKALI_MIDTRANS_STATUS_CHECK";
 
+/// What `sekali replay` says after a notification was answered 503 "not confirmed": the server
+/// asked Midtrans's status API, which a test server usually cannot use for a fixture.
+const NOT_CONFIRMED_HINT: &str = "the server's Midtrans status check could not confirm this \
+    notification with Midtrans. A local or sandbox server usually cannot reach Midtrans's status \
+    API, and a fixture's transaction is not in Midtrans at all. For local tests, start the server \
+    with the check off: `sekali serve --midtrans-status-check off`, or \
+    SEKALI_MIDTRANS_STATUS_CHECK=off. Keep it on in production: the signature does not cover the \
+    transaction status, and the check is what confirms it.";
+
 /// Midtrans's five retries end within about 6 hours; ids are kept a week.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 const REDELIVERY_WINDOW: Duration = Duration::from_secs(6 * 3600);
@@ -245,6 +254,10 @@ impl Provider for Midtrans {
             "signature_key": "",
         }))
         .expect("serialising a JSON value")
+    }
+
+    fn not_confirmed_hint(&self) -> Option<&'static str> {
+        Some(NOT_CONFIRMED_HINT)
     }
 
     fn describe(&self) -> String {

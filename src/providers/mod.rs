@@ -130,6 +130,13 @@ pub trait Provider: Send + Sync {
         Vec::new()
     }
 
+    /// What `sekali replay` tells its user after a delivery was answered 503 "not confirmed"
+    /// ([`RejectionKind::NotConfirmed`]): why a test server says so, and what to do about it.
+    /// `None` for a provider that never confirms a delivery with its own API.
+    fn not_confirmed_hint(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Settings worth a word in the listening line (`status check on`).
     fn describe(&self) -> String {
         String::new()

@@ -24,10 +24,11 @@ use futures_util::future::BoxFuture;
 pub use crate::domain::Outcome;
 use crate::domain::{NormalizedEvent, OrderStatus};
 pub use model::{
-    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
-    IdempotentOutcome, NewOrder, NextTry, OperatorChange, OrderView, OutboxQuery, OutboxRow,
-    Purged, Retried, RunCounts, SendOutcome, SendResult, SetStatusError, StoreStats,
-    StoredResponse, Transition, WriterStats, DEFAULT_PURGE_BATCH,
+    BackupReport, ClaimRequest, ClaimedEmail, DeletedRun, EventDetail, EventQuery, EventSummary,
+    IdempotentOutcome, NewOrder, NextTry, OperatorChange, OrderView, OrdersOutsideRuns,
+    OutboxQuery, OutboxRow, Purged, Retried, RunCounts, RunDeletion, RunEmail, RunMarker,
+    SendOutcome, SendResult, SetStatusError, StoreStats, StoredResponse, Transition, WriterStats,
+    DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
 };
 
 /// A store failure. Engine errors keep their own codes (SQLite's extended result code is in the
@@ -178,7 +179,7 @@ pub trait Store: Send + Sync {
 }
 
 /// An operator's command on the database (`sekali events`, `outbox`, `orders set-status`,
-/// `purge`, `backup`, and the load generator's check), on a connection of its own.
+/// `purge`, `backup`, and the load generator's checks and cleanup), on a connection of its own.
 pub trait Maintenance {
     /// The events that match `query`, newest first, filtered by the engine (a listing of the
     /// last hour of a large table must not read every row into the command).
@@ -224,6 +225,19 @@ pub trait Maintenance {
     /// Rows of one load-generator run: events whose id, and orders and emails whose order id,
     /// contain `marker`.
     fn run_counts(&self, marker: &str) -> Result<RunCounts, StoreError>;
+
+    /// Orders whose id is not a load-generator run's (`bench_{hex run id}_…`): real orders,
+    /// which the load generator refuses to write beside. Their count, and up to `examples` ids.
+    fn orders_outside_runs(&self, examples: u32) -> Result<OrdersOutsideRuns, StoreError>;
+
+    /// Deletes every row one load-generator run wrote, in ONE write transaction: its events,
+    /// orders, their transitions and payments, and its emails, whose keys and orders it returns
+    /// (to remove their files). Unless one of its emails is leased to a relay at `now_ms`: a
+    /// relay may be writing it now, and would write a file after the deletion, so nothing is
+    /// deleted and [`RunDeletion::Leased`] says how many are (the caller waits, and asks again).
+    /// Checked in the same transaction, so no relay can claim a row between the check and the
+    /// deletion; once committed, no relay can claim one at all.
+    fn delete_run(&self, run: &RunMarker, now_ms: i64) -> Result<RunDeletion, StoreError>;
 }
 
 #[cfg(test)]

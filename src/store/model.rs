@@ -422,6 +422,69 @@ pub struct RunCounts {
     pub orders_emailed: i64,
 }
 
+/// What every id one load-generator run writes contains: `bench_{run id}_`. Its orders start
+/// with it (`bench_{run id}_{n}`); its event ids hold it (`evt_bench_{run id}_{n}`, a Midtrans
+/// id derived from the order id, a Xendit `webhook-id` naming the invoice). Made only from a
+/// run id of hex digits, so a marker matches neither every row (an empty marker) nor the rows
+/// of a run whose id begins with this one's (the `_` after the id ends it), and holds no
+/// character a pattern would read specially.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunMarker(String);
+
+/// The start of every load-generator order id, whatever its run.
+pub const RUN_ORDER_PREFIX: &str = "bench_";
+
+impl RunMarker {
+    /// The marker of run `run_id`; `None` unless it is lower-case hex digits.
+    pub fn new(run_id: &str) -> Option<RunMarker> {
+        let hex = !run_id.is_empty()
+            && run_id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        hex.then(|| RunMarker(format!("{RUN_ORDER_PREFIX}{run_id}_")))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Orders that no load-generator run wrote (see
+/// [`Maintenance::orders_outside_runs`](super::Maintenance)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrdersOutsideRuns {
+    pub count: i64,
+    /// A few of their ids, in id order, to show which.
+    pub examples: Vec<String>,
+}
+
+/// What [`Maintenance::delete_run`](super::Maintenance) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunDeletion {
+    /// Every row of the run is gone, in one transaction.
+    Deleted(DeletedRun),
+    /// Nothing was deleted: this many of the run's emails are leased to a relay, which may be
+    /// sending them (writing their files) now.
+    Leased { emails: i64 },
+}
+
+/// The rows of one run deleted, per table, and the emails among them (to remove their files).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeletedRun {
+    pub events: usize,
+    pub orders: usize,
+    pub transitions: usize,
+    pub payments: usize,
+    pub emails: Vec<RunEmail>,
+}
+
+/// An email row of a run: its key (what its file is named after) and its order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEmail {
+    pub idempotency_key: String,
+    pub order_id: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

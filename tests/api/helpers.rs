@@ -311,6 +311,7 @@ pub struct ServeProcess {
     /// What the server has logged so far, while it runs.
     logged: std::sync::Arc<std::sync::Mutex<String>>,
     db: std::path::PathBuf,
+    mail_dir: std::path::PathBuf,
     _dir: TempDir,
 }
 
@@ -371,6 +372,7 @@ impl ServeProcess {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db = db.map_or_else(|| dir.path().join(SERVE_DB), ToOwned::to_owned);
+        let mail_dir = dir.path().join("mail");
         let mut command = match open_files {
             None => std::process::Command::new(sekali_bin()),
             Some(limit) => {
@@ -392,7 +394,7 @@ impl ServeProcess {
                 "50ms",
             ])
             .arg("--mail-dir")
-            .arg(dir.path().join("mail"))
+            .arg(&mail_dir)
             .arg("--db")
             .arg(&db)
             .args(args)
@@ -453,6 +455,7 @@ impl ServeProcess {
             logs: Some(logs),
             logged,
             db,
+            mail_dir,
             _dir: dir,
         }
     }
@@ -469,6 +472,12 @@ impl ServeProcess {
 
     pub fn db_path(&self) -> std::path::PathBuf {
         self.db.clone()
+    }
+
+    /// Where its relay writes `.eml` files (`--mail-dir`); the arguments given to start it
+    /// come after, so a test's own `--mail-dir` wins and this path stays empty.
+    pub fn mail_dir(&self) -> std::path::PathBuf {
+        self.mail_dir.clone()
     }
 
     /// Sends SIGTERM and waits; the exit status and everything the server logged.

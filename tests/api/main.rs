@@ -3,6 +3,7 @@
 
 mod cli;
 
+mod bench_safety;
 mod concurrency;
 mod environment;
 mod helpers;
@@ -16,6 +17,7 @@ mod ordering;
 mod orders;
 mod purge;
 mod relay;
+mod replay;
 mod schema;
 mod stalls;
 mod startup;

@@ -8,13 +8,13 @@ use futures_util::future::BoxFuture;
 use rusqlite::Connection;
 
 use super::writer::{Writer, WriterConfig};
-use super::{backup, orders, outbox, purge, reads, ReadPool, StoreError};
+use super::{backup, orders, outbox, purge, reads, runs, ReadPool, StoreError};
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
     BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
-    IdempotentOutcome, OperatorChange, OrderView, OutboxQuery, OutboxRow, Purged, Retried,
-    RunCounts, SendResult, SetStatusError, StoreStats,
+    IdempotentOutcome, OperatorChange, OrderView, OrdersOutsideRuns, OutboxQuery, OutboxRow,
+    Purged, Retried, RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats,
 };
 use crate::store::{CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError};
 
@@ -196,5 +196,13 @@ impl Maintenance for SqliteMaintenance {
 
     fn run_counts(&self, marker: &str) -> Result<RunCounts, StoreError> {
         Ok(reads::run_counts(&self.conn, marker)?)
+    }
+
+    fn orders_outside_runs(&self, examples: u32) -> Result<OrdersOutsideRuns, StoreError> {
+        Ok(runs::orders_outside_runs(&self.conn, examples)?)
+    }
+
+    fn delete_run(&self, run: &RunMarker, now_ms: i64) -> Result<RunDeletion, StoreError> {
+        runs::delete_run(&self.conn, run, now_ms)
     }
 }

@@ -14,6 +14,7 @@ pub mod orders;
 pub mod outbox;
 pub mod purge;
 pub mod reads;
+pub mod runs;
 pub mod schema;
 pub mod statements;
 pub mod writer;
