@@ -596,3 +596,22 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Reads from `stream` until the server closes it, the read times out, or `done` says the
+/// answer so far is complete.
+#[allow(dead_code)] // by hostile.rs and stalls.rs
+pub fn read_answer(stream: &mut std::net::TcpStream, done: impl Fn(&[u8]) -> bool) -> String {
+    use std::io::Read;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = stream.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+        if done(&answer) {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}

@@ -1,7 +1,7 @@
 //! Hostile input: forged and mangled signatures, timestamps at the edge of the tolerance,
 //! unusual but valid JSON formatting, slow clients, and mangled Midtrans notifications.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -473,23 +473,6 @@ async fn validly_signed_bodies_with_unusual_formatting_are_processed_and_stored_
 // ---------------------------------------------------------------------------------------------
 // 4. Slow clients
 // ---------------------------------------------------------------------------------------------
-
-/// Reads from `stream` until the server closes it, the read times out, or `done` says the
-/// answer so far is complete.
-fn read_answer(stream: &mut TcpStream, done: impl Fn(&[u8]) -> bool) -> String {
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = stream.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        answer.extend_from_slice(&buf[..n]);
-        if done(&answer) {
-            break;
-        }
-    }
-    String::from_utf8_lossy(&answer).into_owned()
-}
 
 #[actix_web::test]
 async fn a_client_that_never_finishes_its_headers_gets_408_after_the_configured_timeout() {

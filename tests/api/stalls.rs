@@ -11,25 +11,23 @@ use sekali::config::parse_api_tokens;
 
 use crate::helpers::*;
 
-/// Reads from `stream` until the server closes it or the read times out; what came.
-fn read_to_close(stream: &mut TcpStream) -> String {
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = stream.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        answer.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&answer).into_owned()
-}
-
 /// A POST head to `path` that announces a 40-byte body, and `extra` headers.
 fn head_announcing_a_body(path: &str, extra: &str) -> String {
     format!(
         "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
          {extra}Content-Length: 40\r\n\r\n"
     )
+}
+
+/// A connection to `port` that has sent a webhook's head announcing a body, and nothing more,
+/// reading with `read_timeout`; and when it sent the head.
+fn webhook_without_its_body(port: u16, read_timeout: Duration) -> (TcpStream, Instant) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_nodelay(true).unwrap();
+    stream.set_read_timeout(Some(read_timeout)).unwrap();
+    let head = head_announcing_a_body("/webhooks/stripe", "Stripe-Signature: t=1,v1=00\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    (stream, Instant::now())
 }
 
 /// Fails on the version that gave the body no deadline: the connection stayed open, answered
@@ -39,19 +37,9 @@ async fn a_body_that_never_comes_is_cut_with_408_at_the_body_timeout() {
     let app = spawn_app_with(|s| s.body_timeout = Duration::from_secs(1)).await;
     let port = app.port;
     let (answer, took) = actix_web::rt::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
         // Generous beside the 1 s deadline, short beside "never".
-        stream
-            .set_read_timeout(Some(Duration::from_secs(8)))
-            .unwrap();
-        let started = Instant::now();
-        stream
-            .write_all(
-                head_announcing_a_body("/webhooks/stripe", "Stripe-Signature: t=1,v1=00\r\n")
-                    .as_bytes(),
-            )
-            .unwrap();
-        (read_to_close(&mut stream), started.elapsed())
+        let (mut stream, sent) = webhook_without_its_body(port, Duration::from_secs(8));
+        (read_answer(&mut stream, |_| false), sent.elapsed())
     })
     .await
     .unwrap();
@@ -77,18 +65,7 @@ async fn a_trickled_body_is_cut_at_the_deadline_not_read_to_its_end() {
     let app = spawn_app_with(|s| s.body_timeout = Duration::from_secs(1)).await;
     let port = app.port;
     let (answer, took) = actix_web::rt::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        stream.set_nodelay(true).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
-        let started = Instant::now();
-        stream
-            .write_all(
-                head_announcing_a_body("/webhooks/stripe", "Stripe-Signature: t=1,v1=00\r\n")
-                    .as_bytes(),
-            )
-            .unwrap();
+        let (mut stream, started) = webhook_without_its_body(port, Duration::from_millis(300));
         let mut answer = String::new();
         // 40 bytes at 300 ms each would take 12 s; the answer must come long before.
         for _ in 0..40 {
@@ -136,7 +113,7 @@ async fn an_orders_api_body_that_never_comes_gets_a_408_problem() {
             "Authorization: Bearer tok-stall\r\nIdempotency-Key: k-stall\r\n",
         );
         stream.write_all(head.as_bytes()).unwrap();
-        read_to_close(&mut stream)
+        read_answer(&mut stream, |_| false)
     })
     .await
     .unwrap();
