@@ -26,40 +26,45 @@ CREATE TABLE IF NOT EXISTS processed_events (
     -- lower case (invoice.paid).
     event_type        TEXT NOT NULL,
     -- The order the event names or was found through its payment, ignored events included. NULL
-    -- when it names none, or while its payment is linked to no order (parked events, until
-    -- applied).
+    -- when it names none, or while its payment is linked to no order (parked events).
     order_id          TEXT,
-    -- processed: effects applied (possibly none, when the status was already reached);
-    -- stale: would have moved the order backwards (or reports no new refund), changed nothing;
-    -- ignored: an event type sekali does not act on, or no order reference;
-    -- parked: a Stripe charge or dispute whose payment is not linked to an order yet; applied
-    --         (and its outcome updated) in the transaction that first links it.
-    -- amount_mismatch: a payment for an order created through the API whose amount or currency
-    --         differs from the order's; the order went to needs_review instead of paid.
-    -- reversed: the provider reversed the payment that paid the order (a Midtrans deny or cancel
-    --         of that transaction after its settlement); the order went from paid to
-    --         needs_review, and no email was queued.
+    -- What the event did (src/domain/decision.rs):
+    -- processed: its facts changed what the ledger knew (a payment, a refund, a dispute);
+    -- stale: its facts were known already; nothing changed;
+    -- ignored: an event type sekali does not act on, or one that names no payment;
+    -- parked: its facts are about a payment no order is linked to yet (a Stripe charge or
+    --         dispute before the event naming its order); they wait on the payment (payments,
+    --         order_id NULL) and count once an event names the payment and its order, when the
+    --         outcome becomes processed;
+    -- amount_mismatch: a payment that does not match its order (an API order's amount,
+    --         currency or provider; a Xendit invoice paid short or over); needs_review;
+    -- reversed: the provider took back a payment it had settled (a Midtrans deny or cancel of
+    --         that transaction after its settlement); needs_review;
+    -- needs_review: its facts put the order in review for another reason (orders.review_reason).
+    -- needs_review was added in version 7.
     outcome           TEXT NOT NULL CHECK (outcome = 'processed' OR outcome = 'stale'
                           OR outcome = 'ignored' OR outcome = 'parked'
-                          OR outcome = 'amount_mismatch' OR outcome = 'reversed'),
+                          OR outcome = 'amount_mismatch' OR outcome = 'reversed'
+                          OR outcome = 'needs_review'),
     received_at       TEXT NOT NULL,
     -- received_at plus the provider's retention; the purge deletes rows past it (never parked
     -- rows), and a redelivery after it is treated as a new event.
     expires_at        TEXT NOT NULL,
-    -- The payment the event refers to, if any: a Stripe PaymentIntent (pi_...), or for a charge
-    -- made with the Charges API, which has none, the charge (ch_...); a Midtrans transaction_id.
-    -- How parked events find their order.
+    -- The payment the event is about (payments.payment_ref), if any: a Stripe PaymentIntent
+    -- (pi_...), a Charges API charge (ch_...), a subscription's invoice (in_...); a Midtrans
+    -- transaction_id; a Xendit invoice id.
     payment_intent_id TEXT,
     -- The raw request body exactly as received and verified.
     payload           TEXT NOT NULL,
-    -- A parked event, normalised (JSON): what is applied when its payment is linked, without
-    -- reading the payload again. NULL for every other outcome. Added in version 5.
+    -- Unused since version 7 (a parked event's facts wait on its payment); versions 5 and 6 kept
+    -- a parked event here in its normalised form.
     parked_event      TEXT,
     PRIMARY KEY (provider, event_id)
 );
 
 -- Indexes cost every delivery a B-tree insert, so only those the service itself needs exist:
--- the purge's (expires_at) and the parked lookup. Listing uses rowid, which is arrival order.
+-- the purge's (expires_at) and the parked lookup (the events whose outcome a payment's link
+-- turns to processed). Listing uses rowid, which is arrival order.
 CREATE INDEX IF NOT EXISTS processed_events_expires_at ON processed_events (expires_at);
 CREATE INDEX IF NOT EXISTS processed_events_parked
     ON processed_events (payment_intent_id) WHERE outcome = 'parked';
@@ -69,12 +74,11 @@ CREATE INDEX IF NOT EXISTS processed_events_parked
 CREATE TABLE IF NOT EXISTS orders (
     order_id          TEXT PRIMARY KEY NOT NULL,
     provider          TEXT NOT NULL,
-    -- Forward-only (src/domain/order.rs): pending -> paid | failed | cancelled | expired |
-    -- needs_review; failed -> paid | cancelled | expired | needs_review; expired -> paid |
-    -- needs_review; paid -> partially_refunded | refunded | disputed; partially_refunded ->
-    -- refunded | disputed; and a reversal, paid -> needs_review (src/domain/decision.rs).
-    -- needs_review: a payment did not match an API order's amount or currency, or a paid order's
-    -- payment was reversed; only an operator moves it on (sekali orders set-status).
+    -- Computed from its payments (src/domain/ledger.rs): with money taken, paid,
+    -- partially_refunded or refunded by the money given back, disputed while a dispute holds
+    -- money; without, pending, failed, expired or cancelled by how its payments' attempts ended;
+    -- needs_review with a review_reason; or what an operator set (operator_status), until
+    -- money moves.
     status            TEXT NOT NULL CHECK (status = 'pending' OR status = 'paid'
                           OR status = 'failed' OR status = 'cancelled' OR status = 'expired'
                           OR status = 'partially_refunded' OR status = 'refunded'
@@ -83,9 +87,8 @@ CREATE TABLE IF NOT EXISTS orders (
     refunded_amount   INTEGER NOT NULL DEFAULT 0,
     currency          TEXT,
     customer_email    TEXT,
-    -- The payment that paid the order, else the first one linked to it: a Stripe PaymentIntent
-    -- or Charges API charge, a Midtrans transaction_id (all of them: order_payment_intents). A
-    -- reversal must name it.
+    -- The payment that took the order's money, else the first one linked to it (all of them:
+    -- payments.order_id).
     payment_intent_id TEXT,
     created_at        TEXT NOT NULL,
     updated_at        TEXT NOT NULL,
@@ -97,9 +100,9 @@ CREATE TABLE IF NOT EXISTS orders (
     source            TEXT NOT NULL DEFAULT 'webhook' CHECK (source IN ('webhook', 'api')),
     -- The JSON object given at creation through the API, if any.
     metadata          TEXT,
-    -- What the payment that moved the order to paid (or to needs_review for a mismatch) said
-    -- was paid, and in which currency: what the receipt shows. NULL before a payment, and for
-    -- orders paid before version 4. Added in version 4.
+    -- What its payments took, in the order's units, and in which currency: what the receipt
+    -- shows. NULL before a payment, and for orders paid before version 4. Added in version 4.
+    -- refunded_amount above is the money given back, in the order's units too.
     paid_amount       INTEGER,
     paid_currency     TEXT,
     -- Decimals of the order's amounts in its provider's minor units (Stripe's own table, else
@@ -110,7 +113,22 @@ CREATE TABLE IF NOT EXISTS orders (
     -- customer's emails go: the shop's own address for an order created through the API with
     -- one (a webhook never overwrites it), else the payer's. Added in version 6 (orders first
     -- seen in a webhook before it got their customer_email here).
-    payer_email       TEXT
+    payer_email       TEXT,
+    -- Why the order needs a look (status needs_review): two payments took money, money taken
+    -- after a cancel, a payment that does not match the order, a reversal, more given back than
+    -- taken, a refund the customer was told of that failed. NULL otherwise. Added in version 7.
+    review_reason     TEXT,
+    -- An operator's decision (sekali orders set-status): the status, and the money the order
+    -- showed then (JSON: captured, returned, withdrawn, ISO 4217 minor units); it stands until
+    -- money moves. NULL otherwise. Added in version 7.
+    operator_status   TEXT,
+    operator_money    TEXT,
+    -- Review reasons an operator has decided on (a JSON array of their texts): they no longer
+    -- count. Added in version 7.
+    acknowledged      TEXT,
+    -- Money given back that the customer was told of by refund notices (ISO 4217 minor units of
+    -- the payments' currency). Added in version 7.
+    announced_returned INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 
 
@@ -140,12 +158,102 @@ CREATE TABLE IF NOT EXISTS order_transitions (
 CREATE INDEX IF NOT EXISTS order_transitions_order ON order_transitions (order_id, id);
 
 
--- Every payment seen with an order: a Stripe PaymentIntent (pi_...) or, for charges made with
--- the Charges API, which have none, the charge (ch_...); a Midtrans transaction_id. Stripe
--- charges and disputes that carry no order id are resolved through it.
-CREATE TABLE IF NOT EXISTS order_payment_intents (
-    payment_intent_id TEXT PRIMARY KEY NOT NULL,
-    order_id          TEXT NOT NULL REFERENCES orders (order_id)
+-- The ledger (src/domain/ledger.rs): every payment sekali has heard of, one row per
+-- (provider, payment_ref), holding what every event said of it, merged so that the order of
+-- delivery cannot matter. An order's status is computed from its payments. Amounts are in ISO
+-- 4217 minor units of the payment's currency (Stripe's ISK 50000 is ISK 500 here); times are
+-- the events' own (when the provider says), NULL when unknown. Never purged. Added in version 7.
+CREATE TABLE IF NOT EXISTS payments (
+    provider          TEXT NOT NULL,
+    -- A Stripe PaymentIntent (pi_...), a Charges API charge (ch_...) or a subscription's first
+    -- invoice (in_...); a Midtrans transaction_id ('order:' and the order id for a notification
+    -- that named none); a Xendit invoice id.
+    payment_ref       TEXT NOT NULL,
+    -- The order it pays; NULL until an event names both (its events are then 'parked').
+    order_id          TEXT,
+    currency          TEXT,
+    -- What it asked for; what it must take to be paid in full when that differs (a Xendit
+    -- invoice's amount); what it held on the card without taking it.
+    requested         INTEGER,
+    expected          INTEGER,
+    authorized        INTEGER,
+    -- Money taken from the customer, cumulative, and when first taken.
+    captured          INTEGER NOT NULL DEFAULT 0,
+    captured_at       TEXT,
+    -- An authorisation given back without being taken (a cancelled uncaptured payment, a
+    -- partial capture's remainder); and the part of the refunds that was such a release (Stripe
+    -- before API version 2025-03-31.basil made a Refund of it). Neither is money returned.
+    released          INTEGER NOT NULL DEFAULT 0,
+    released_as_refunds INTEGER NOT NULL DEFAULT 0,
+    -- How far it got without taking money (pending, failed, expired, canceled), and when.
+    attempt           TEXT NOT NULL DEFAULT 'pending'
+                          CHECK (attempt = 'pending' OR attempt = 'failed'
+                                 OR attempt = 'expired' OR attempt = 'canceled'),
+    attempt_at        TEXT,
+    -- 1 when the provider said it did not stand (a Midtrans deny or cancel): with money taken,
+    -- a reversal.
+    undone            INTEGER NOT NULL DEFAULT 0,
+    -- A charge's cumulative refunded amount as last reported, and when (Stripe), for refunds
+    -- whose ids no event listed.
+    refunded_reported INTEGER,
+    refunded_reported_at TEXT,
+    -- Computed from the above and its refunds and disputes, for readers: money given back,
+    -- and money disputes or a reversal took back.
+    returned          INTEGER NOT NULL DEFAULT 0,
+    withdrawn         INTEGER NOT NULL DEFAULT 0,
+    -- How many rows it has in payment_refunds and payment_disputes.
+    refund_count      INTEGER NOT NULL DEFAULT 0,
+    dispute_count     INTEGER NOT NULL DEFAULT 0,
+    created_at        TEXT NOT NULL,
+    updated_at        TEXT NOT NULL,
+    PRIMARY KEY (provider, payment_ref)
+) WITHOUT ROWID;
+
+-- An order's payments, read to compute it.
+CREATE INDEX IF NOT EXISTS payments_order ON payments (order_id) WHERE order_id IS NOT NULL;
+
+-- Each refund of a payment by its id, in its furthest state: pending < succeeded < failed (a
+-- refund can fail after it was reported succeeded). failed_at: when the failure was reported.
+CREATE TABLE IF NOT EXISTS payment_refunds (
+    provider          TEXT NOT NULL,
+    payment_ref       TEXT NOT NULL,
+    refund_id         TEXT NOT NULL,
+    amount            INTEGER NOT NULL,
+    state             TEXT NOT NULL CHECK (state = 'pending' OR state = 'succeeded'
+                                           OR state = 'failed'),
+    failed_at         TEXT,
+    PRIMARY KEY (provider, payment_ref, refund_id)
+) WITHOUT ROWID;
+
+-- Each dispute of a payment by its id, in its furthest stage: inquiry < inquiry_closed < open
+-- < won | lost; withdrawn and reinstated say the provider reported the funds taken and given
+-- back. A Midtrans chargeback is a dispute lost, its funds withdrawn.
+CREATE TABLE IF NOT EXISTS payment_disputes (
+    provider          TEXT NOT NULL,
+    payment_ref       TEXT NOT NULL,
+    dispute_id        TEXT NOT NULL,
+    amount            INTEGER NOT NULL,
+    stage             TEXT NOT NULL CHECK (stage = 'inquiry' OR stage = 'inquiry_closed'
+                                           OR stage = 'open' OR stage = 'won' OR stage = 'lost'),
+    withdrawn         INTEGER NOT NULL,
+    reinstated        INTEGER NOT NULL,
+    PRIMARY KEY (provider, payment_ref, dispute_id)
+) WITHOUT ROWID;
+
+-- Work a migration left for a sekali that can do it: 'ledger', the ledger's rebuild from the
+-- stored events, which needs each provider to read its bodies again (src/store/sqlite/rebuild.rs;
+-- done when serve, or a command that writes, first opens the database). Added in version 7.
+CREATE TABLE IF NOT EXISTS pending_work (
+    name              TEXT PRIMARY KEY NOT NULL
+) WITHOUT ROWID;
+
+-- Other references that name a payment (a Stripe invoice's PaymentIntent and charge): facts
+-- that arrive under one are the payment's.
+CREATE TABLE IF NOT EXISTS payment_aliases (
+    provider          TEXT NOT NULL,
+    alias             TEXT NOT NULL,
+    payment_ref       TEXT NOT NULL,
+    PRIMARY KEY (provider, alias)
 ) WITHOUT ROWID;
 
 -- Customer emails to send, written in the same transaction as the status change they announce.
@@ -158,7 +266,8 @@ CREATE TABLE IF NOT EXISTS email_outbox (
     template          TEXT NOT NULL CHECK (template = 'receipt' OR template = 'payment_failed'
                           OR template = 'refund_notice'),
     -- JSON object: order_id, status, amount (for a receipt what was paid), currency, exponent (its
-    -- decimals), refunded_amount, refunded_currency, provider, event_id.
+    -- decimals), refund_amount (a refund notice's money given back this time; since version 7),
+    -- refunded_amount (in all), refunded_currency, provider, event_id.
     params            TEXT NOT NULL,
     -- For the downstream sender (Message-ID, Idempotency-Key header): hex SHA-256 of the
     -- order id, template, status and refunded amount, so one status change yields one key,

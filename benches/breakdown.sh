@@ -9,7 +9,7 @@
 # once at startup; unset, the build behaves as sekali does:
 #   full            everything sekali does (the patch not engaged)
 #   claim-only      the dedupe claim (processed_events row with its payload), durable group
-#                   commit; no order, transition, PaymentIntent link or email
+#                   commit; no payment facts, order, transition or email
 #   no-commit-sync  everything, but synchronous=NORMAL on the writer: no fsync at COMMIT, so
 #                   NOT durable; shows what the commit's fsync costs the whole loop
 #   no-db           the database step removed: verify, parse, queue to the writer, empty

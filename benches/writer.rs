@@ -54,7 +54,7 @@ fn run(batch_max: usize, events: usize, round: usize) -> Figures {
             queue_capacity: 4096,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             max_page_count: None,
-            reread_parked: None,
+            reread: None,
         },
         clock,
     )

@@ -243,7 +243,7 @@ impl Application {
                 queue_capacity: settings.queue_capacity,
                 busy_timeout: settings.busy_timeout,
                 max_page_count: settings.max_page_count,
-                reread_parked: Some(crate::providers::read_stored),
+                reread: Some(crate::providers::read_stored),
             },
             clock.clone(),
         )?);

@@ -298,7 +298,8 @@ fn lifecycle(n: usize) -> (Vec<Event>, ExpectedOrder) {
                 midtrans_event(&order, "pending", "201", amount * 100, None, &[]),
                 midtrans_event(&order, "deny", "202", amount * 100, Some("deny"), &[]),
             ],
-            expect("cancelled", 0),
+            // A denied card: an attempt that failed.
+            expect("failed", 0),
         ),
     }
 }
@@ -815,30 +816,60 @@ fn check_invariants(conn: &Connection, events: &[Event], orders: &[ExpectedOrder
         );
     }
 
-    // Exactly one outbox row per transition that has a notice, and no other.
-    let notice = |status: &str| match status {
-        "paid" => Some("receipt"),
-        "failed" => Some("payment_failed"),
-        "partially_refunded" | "refunded" => Some("refund_notice"),
-        _ => None,
-    };
-    let mut expected: Vec<(String, String, String)> = transitions
-        .iter()
-        .filter_map(|t| {
-            notice(&t.2).map(|template| (t.0.clone(), template.to_owned(), t.4.clone()))
-        })
-        .collect();
+    // The emails follow the money, one per change of it: a receipt once the order held money,
+    // one refund notice per total given back (rising to the order's refunded amount), and a
+    // payment-failed notice when the order failed; nothing else, and nothing twice.
     let mut stmt = conn
-        .prepare("SELECT order_id, template, event_id FROM email_outbox")
+        .prepare(
+            "SELECT order_id, template, json_extract(params, '$.refunded_amount')
+             FROM email_outbox ORDER BY id",
+        )
         .unwrap();
-    let mut outbox: Vec<(String, String, String)> = stmt
+    let outbox: Vec<(String, String, i64)> = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .unwrap()
         .map(Result::unwrap)
         .collect();
-    expected.sort();
-    outbox.sort();
-    assert_eq!(outbox, expected, "one email per status change");
+    for order in orders {
+        let of_order: Vec<&(String, String, i64)> =
+            outbox.iter().filter(|row| row.0 == order.id).collect();
+        let count = |template: &str| of_order.iter().filter(|row| row.1 == template).count();
+        let held_money = matches!(
+            order.status,
+            "paid" | "partially_refunded" | "refunded" | "disputed"
+        );
+        assert_eq!(
+            count("receipt"),
+            usize::from(held_money),
+            "{}: receipts",
+            order.id
+        );
+        let failed = transitions
+            .iter()
+            .any(|t| t.0 == order.id && t.2 == "failed");
+        assert_eq!(
+            count("payment_failed"),
+            usize::from(failed),
+            "{}: payment-failed notices",
+            order.id
+        );
+        let totals: Vec<i64> = of_order
+            .iter()
+            .filter(|row| row.1 == "refund_notice")
+            .map(|row| row.2)
+            .collect();
+        assert!(
+            totals.windows(2).all(|w| w[0] < w[1]),
+            "{}: refund notices {totals:?}, each for more given back",
+            order.id
+        );
+        assert_eq!(
+            totals.last().copied().unwrap_or(0),
+            order.refunded,
+            "{}: the last refund notice tells all that was given back",
+            order.id
+        );
+    }
 
     Report {
         events: stored.len(),

@@ -991,6 +991,48 @@ mod serve {
         rows
     }
 
+    /// Checks that the outbox holds exactly the emails the orders' money calls for: a receipt
+    /// per order that took money, and refund notices whose totals rise, each once, to the money
+    /// the order gave back (how many depends on the order the refunds arrived in: a full refund
+    /// before the partial one is told once, in all). Returns how many emails there are.
+    pub fn check_emails_follow_the_money(db: &Path) -> usize {
+        let conn = Connection::open(db).unwrap();
+        let orders: Vec<(String, Option<i64>, i64)> = conn
+            .prepare("SELECT order_id, paid_amount, refunded_amount FROM orders")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let mut emails = 0;
+        for (order, paid, refunded) in orders {
+            let rows: Vec<(String, i64)> = conn
+                .prepare(
+                    "SELECT template, json_extract(params, '$.refunded_amount') FROM email_outbox
+                     WHERE order_id = ?1 ORDER BY id",
+                )
+                .unwrap()
+                .query_map([&order], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            let receipts = rows.iter().filter(|(t, _)| t == "receipt").count();
+            assert_eq!(receipts, usize::from(paid.is_some()), "{order}: receipts");
+            let totals: Vec<i64> = rows
+                .iter()
+                .filter(|(t, _)| t == "refund_notice")
+                .map(|(_, total)| *total)
+                .collect();
+            assert!(
+                totals.windows(2).all(|w| w[0] < w[1]),
+                "{order}: {totals:?}"
+            );
+            assert_eq!(totals.last().copied().unwrap_or(0), refunded, "{order}");
+            emails += rows.len();
+        }
+        emails
+    }
+
     /// A whole MIME message (it ends with its closing boundary) that names `key` in its
     /// Message-ID.
     pub fn is_whole_email_of(text: &str, key: &str) -> bool {
@@ -1107,18 +1149,7 @@ fn power_cuts_under_mixed_load_lose_nothing_acknowledged_and_every_sent_email_is
 
     // Every email is sent, and every sent email is whole on the disk with its Message-ID.
     let emails = emails(&db);
-    // One per status change that has a notice (how many depends on the order events arrived
-    // in: a full refund before the partial one makes the partial stale, and one that finds
-    // the order still pending takes it to refunded without a receipt).
-    let notices: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM order_transitions
-             WHERE to_status IN ('paid', 'partially_refunded', 'refunded')",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(emails.len() as i64, notices);
+    assert_eq!(emails.len(), check_emails_follow_the_money(&db));
     assert!(emails.len() >= 170, "a refund notice at least per order");
     for (key, status) in &emails {
         assert_eq!(status, "sent", "{key}");
@@ -1236,19 +1267,10 @@ fn power_cuts_while_relaying_over_smtp_mark_sent_only_what_the_server_accepted()
         *accepted.entry(id).or_default() += 1;
     }
     let emails = emails(&db);
-    let notices: i64 = rusqlite::Connection::open(&db)
-        .unwrap()
-        .query_row(
-            "SELECT count(*) FROM order_transitions
-             WHERE to_status IN ('paid', 'partially_refunded', 'refunded')",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
     assert_eq!(
-        emails.len() as i64,
-        notices,
-        "one email per status change with a notice"
+        emails.len(),
+        check_emails_follow_the_money(&db),
+        "the emails the money calls for"
     );
     assert!(emails.len() >= 80, "a refund notice at least per order");
     for (key, status) in &emails {

@@ -425,7 +425,7 @@ fn parse_everything(bytes: &[u8]) {
         let _ = notification.normalise();
     }
     for registration in REGISTRY {
-        let _ = read_stored(registration.name, bytes);
+        let _ = read_stored(registration.name, "settlement", bytes);
     }
 }
 

@@ -244,7 +244,7 @@ pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
                     queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
                     busy_timeout: config.busy_timeout,
                     max_page_count: None,
-                    reread_parked: None,
+                    reread: None,
                 },
                 clock.clone(),
             )

@@ -4,7 +4,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use super::{EmailAddress, OrderStatus};
+use super::ledger::PaymentFacts;
+use super::EmailAddress;
 
 /// A payment provider's name (`stripe`, `midtrans`, `xendit`): its webhook route is
 /// `/webhooks/{name}`, and it is what `processed_events.provider` and `orders.provider` hold. The
@@ -66,47 +67,28 @@ impl PartialEq<&str> for ProviderName {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OrderRef {
     /// The shop's own order id (Stripe `metadata.order_id` / `client_reference_id`, Midtrans
-    /// `order_id`, Xendit `external_id`).
+    /// `order_id`, Xendit `external_id`). The event links its payment to this order.
     OrderId(String),
-    /// Only a payment's id (a Stripe PaymentIntent, or for a charge of the Charges API the
-    /// charge); the order is whichever one recorded it. `park_if_unlinked` is set for charges and
-    /// disputes, which may arrive before the event that links the payment to its order and must
-    /// then wait for it rather than be dropped.
-    Payment {
-        reference: String,
-        park_if_unlinked: bool,
-    },
+    /// Only through its payment: the order is whichever one the payment is linked to. Until one
+    /// is, the event's facts wait on the payment (`parked`), and count once an event names both.
+    Payment,
     /// Nothing to act on.
     None,
 }
 
-/// What an event says about its order.
+/// What an event says about the payment it concerns.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StatusChange {
-    pub target: OrderStatus,
-    /// The order's amount in minor units, when the event states it.
-    pub amount: Option<i64>,
-    /// Decimals of the minor units of this event's amounts, by its provider's rules (Stripe's
-    /// table, ISO 4217 for the others); `None` when the event names no currency.
-    pub exponent: Option<u32>,
-    /// What the payment itself says was paid, in minor units (Stripe `amount_received`,
-    /// Checkout `amount_total`, Midtrans `gross_amount`); checked against an API order's amount
-    /// on a move to paid.
-    pub paid_amount: Option<i64>,
-    /// Cumulative refunded amount in minor units (refund events only).
-    pub refunded_amount: Option<i64>,
-    pub currency: Option<String>,
-    /// One address, parsed at the edge; an address that is not exactly one is dropped there.
-    pub customer_email: Option<EmailAddress>,
-    /// The provider reports that a payment it had settled was reversed (Midtrans `deny` or
-    /// `cancel` after `settlement` or `capture`): an order already paid by that same payment
-    /// (the event's `payment_ref`) goes to `needs_review` rather than being treated as stale; a
-    /// reversal of another payment of the order is stale.
-    pub reverses_payment: bool,
+pub struct PaymentReport {
+    /// The provider's reference of the payment: a Stripe PaymentIntent (or a Charges API charge,
+    /// or a subscription's invoice), a Midtrans `transaction_id`, a Xendit invoice id.
+    pub reference: String,
+    /// Other references the event says name the same payment (a Stripe invoice's PaymentIntent
+    /// and charge): facts that arrive under them are this payment's.
+    pub aliases: Vec<String>,
+    pub facts: PaymentFacts,
 }
 
-/// One verified delivery, reduced to what the store needs. Serialised as it is into a parked
-/// event's row, so that it is applied later without its provider.
+/// One verified delivery, reduced to what the store needs.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NormalizedEvent {
     pub provider: ProviderName,
@@ -115,13 +97,12 @@ pub struct NormalizedEvent {
     pub event_id: String,
     pub event_type: String,
     pub order_ref: OrderRef,
-    /// The payment this event is about: for Stripe a PaymentIntent, or a charge of the Charges
-    /// API, so that later charges and disputes can find the order through it; for Midtrans the
-    /// `transaction_id`. The event that pays an order records its payment on the order, and a
-    /// reversal must name that payment.
-    pub payment_ref: Option<String>,
-    /// `None` for event types sekali does not act on: they are recorded as `ignored`.
-    pub change: Option<StatusChange>,
+    /// The payment the event is about and what it says of it; `None` for an event sekali does
+    /// not act on (recorded as `ignored`).
+    pub payment: Option<PaymentReport>,
+    /// The payer's address, as the event reports it (parsed at the edge: an address that is not
+    /// exactly one is dropped there).
+    pub payer_email: Option<EmailAddress>,
     /// The id an older sekali derived for this same delivery, when it differs from `event_id`
     /// (Midtrans ids changed form): a live claim under it is a duplicate too.
     pub legacy_event_id: Option<String>,
@@ -133,6 +114,13 @@ pub struct NormalizedEvent {
     /// a duplicate.
     #[serde(skip, default = "default_retention")]
     pub retention: Duration,
+}
+
+impl NormalizedEvent {
+    /// The payment's reference, if the event names a payment.
+    pub fn payment_ref(&self) -> Option<&str> {
+        self.payment.as_ref().map(|p| p.reference.as_str())
+    }
 }
 
 fn default_retention() -> Duration {

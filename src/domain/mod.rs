@@ -3,6 +3,7 @@
 pub mod decision;
 pub mod email;
 pub mod event;
+pub mod ledger;
 pub mod money;
 pub mod notice;
 pub mod order;
@@ -10,8 +11,8 @@ pub mod text;
 
 pub use decision::{decide, Decision, OrderState, Outcome};
 pub use email::EmailAddress;
-pub use event::{NormalizedEvent, OrderRef, ProviderName, StatusChange};
-pub use notice::{notice_for, notice_key, QueuedNotice};
+pub use event::{NormalizedEvent, OrderRef, PaymentReport, ProviderName};
+pub use notice::{notice_key, QueuedNotice};
 pub use order::{Notice, OrderStatus};
 
 /// Lower-case hex of a digest. `hex::encode` builds its `String` one `char` at a time; this

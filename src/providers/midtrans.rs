@@ -49,11 +49,13 @@ use super::{
     Headers, PayloadError, Provider, ProviderSettings, Registration, Rejection, SignedRequest,
 };
 use crate::clients::midtrans_status::{self, StatusApi};
+use crate::domain::ledger::{
+    Attempt, Dispute, DisputeStage, PaymentFacts, Refund as LedgerRefund, RefundState,
+    RefundedSnapshot,
+};
 use crate::domain::money::{iso_exponent, parse_decimal_minor_units};
 use crate::domain::text::without_userinfo;
-use crate::domain::{
-    EmailAddress, NormalizedEvent, OrderRef, OrderStatus, ProviderName, StatusChange,
-};
+use crate::domain::{EmailAddress, NormalizedEvent, OrderRef, PaymentReport, ProviderName};
 
 /// Midtrans amounts are rupiah; notifications without a `currency` field are IDR.
 pub const DEFAULT_CURRENCY: &str = "IDR";
@@ -102,7 +104,7 @@ pub const REGISTRATION: Registration = Registration {
         ),
     ],
     amount_exponent: iso_exponent,
-    read_stored: None,
+    read_stored: read_stored_notification,
 };
 
 /// Midtrans, configured: its server key, and the status API that confirms each notification
@@ -334,6 +336,9 @@ pub struct Notification {
     #[serde(default)]
     pub refunds: Vec<Refund>,
     pub customer_details: Option<CustomerDetails>,
+    /// When the transaction was made, and when it settled (`YYYY-MM-DD HH:MM:SS`, UTC+7).
+    pub transaction_time: Option<String>,
+    pub settlement_time: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -347,6 +352,23 @@ pub struct Refund {
 #[derive(Debug, Clone, Deserialize)]
 pub struct CustomerDetails {
     pub email: Option<String>,
+}
+
+/// A stored notification as it was applied: with the status check on, that is the status the
+/// API confirmed (`event_type`), which the body may not say (a late `pending` applied as the
+/// settlement the API reported).
+fn read_stored_notification(
+    event_type: &str,
+    body: &[u8],
+) -> Result<NormalizedEvent, PayloadError> {
+    let mut notification = parse_notification(body)?;
+    if notification.transaction_status != event_type {
+        notification.transaction_status = event_type.to_owned();
+        if let Some(code) = notification.expected_status_code() {
+            notification.status_code = Text(code.to_owned());
+        }
+    }
+    Ok(notification.normalise())
 }
 
 /// Parses a notification body; errors name the missing or malformed field.
@@ -424,14 +446,24 @@ impl Notification {
             .and_then(|a| parse_decimal_minor_units(a.as_text(), exponent))
     }
 
+    /// A refund or a chargeback: its `refunds[]` entries are what sets one notification of the
+    /// status apart from the next (a second partial chargeback is not the first's retry).
     fn is_refund(&self) -> bool {
         matches!(
             self.transaction_status.as_str(),
-            "refund" | "partial_refund"
+            "refund" | "partial_refund" | "chargeback" | "partial_chargeback"
         )
     }
 
-    /// The refund identity used in the derived event id, for refund notifications.
+    fn is_chargeback(&self) -> bool {
+        matches!(
+            self.transaction_status.as_str(),
+            "chargeback" | "partial_chargeback"
+        )
+    }
+
+    /// The refund identity used in the derived event id, for refund and chargeback
+    /// notifications.
     fn refund_identity(&self) -> Option<String> {
         // Newest by created_at ("YYYY-MM-DD HH:MM:SS" sorts as text); on a tie, or without
         // timestamps, the later entry in the list.
@@ -519,7 +551,11 @@ impl Notification {
             ) {
                 ("capture", Some("challenge")) | ("pending", _) => "201",
                 ("capture", Some("deny")) => "202",
-                ("settlement" | "capture" | "refund" | "partial_refund", _) => "200",
+                (
+                    "settlement" | "capture" | "refund" | "partial_refund" | "chargeback"
+                    | "partial_chargeback",
+                    _,
+                ) => "200",
                 ("deny" | "cancel" | "expire" | "failure", _) => "202",
                 _ => return None,
             },
@@ -527,67 +563,187 @@ impl Notification {
     }
 
     /// Midtrans can reverse a settled payment (a Mandiri bill, Permata or Indomaret payment may
-    /// get `deny` within a minute of `settlement`): a deny or cancel of an order already paid is
-    /// that reversal, not a stale event.
+    /// get `deny` within a minute of `settlement`): a deny or cancel says the transaction did
+    /// not stand, which for one that took money is its reversal.
     fn reverses_payment(&self) -> bool {
         matches!(self.transaction_status.as_str(), "deny" | "cancel")
             || (self.transaction_status == "capture"
                 && self.fraud_status.as_deref() == Some("deny"))
     }
 
-    fn target_status(&self) -> Option<OrderStatus> {
+    /// How far along a transaction's life this notification's status is, for the statuses
+    /// sekali acts on: a status the status API has not reached yet is one further along (a
+    /// refund while the API still says settlement). A deny or cancel is furthest, as it can
+    /// follow a settlement (a reversal); an expiry or failure can only end a pending one.
+    fn progress(&self) -> Option<u8> {
         let fraud = self.fraud_status.as_deref();
         Some(match self.transaction_status.as_str() {
-            "settlement" => OrderStatus::Paid,
-            "capture" => match fraud {
-                None | Some("") | Some("accept") => OrderStatus::Paid,
-                Some("challenge") => OrderStatus::Pending,
-                Some("deny") => OrderStatus::Cancelled,
-                Some(_) => return None,
-            },
-            "pending" => OrderStatus::Pending,
-            "deny" | "cancel" => OrderStatus::Cancelled,
-            "expire" => OrderStatus::Expired,
-            "failure" => OrderStatus::Failed,
-            "refund" => OrderStatus::Refunded,
-            "partial_refund" => OrderStatus::PartiallyRefunded,
-            // `authorize` (a card pre-authorisation) and anything new: recorded, not acted on.
+            "pending" | "authorize" => 0,
+            "capture" if fraud == Some("challenge") => 0,
+            "expire" | "failure" => 1,
+            "settlement" => 2,
+            "capture" if matches!(fraud, None | Some("") | Some("accept")) => 2,
+            "partial_refund" | "partial_chargeback" => 3,
+            "refund" | "chargeback" => 4,
+            "deny" | "cancel" | "capture" => 5,
             _ => return None,
         })
+    }
+
+    /// `transaction_time` (or `settlement_time` for a settlement) as Unix seconds: Midtrans
+    /// writes `YYYY-MM-DD HH:MM:SS` in Western Indonesian Time (UTC+7). 0 when absent or
+    /// unreadable: the ledger then orders by rank alone.
+    fn time_of(text: Option<&str>) -> i64 {
+        const WIB_OFFSET_SECS: i64 = 7 * 3600;
+        text.and_then(|t| humantime::parse_rfc3339_weak(t.trim()).ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs() as i64 - WIB_OFFSET_SECS)
+    }
+
+    /// The amount of a `refunds[]` entry in minor units.
+    fn entry_amount(&self, refund: &Refund) -> Option<i64> {
+        refund
+            .refund_amount
+            .as_ref()
+            .and_then(|a| parse_decimal_minor_units(a.as_text(), self.exponent()))
+    }
+
+    /// The id of a `refunds[]` entry: its `refund_key`, else its `refund_chargeback_id`, else its
+    /// time and amount (what tells two entries apart).
+    fn entry_id(refund: &Refund) -> String {
+        refund
+            .refund_key
+            .as_deref()
+            .filter(|k| !k.is_empty())
+            .map(str::to_owned)
+            .or_else(|| {
+                refund
+                    .refund_chargeback_id
+                    .as_ref()
+                    .map(|id| id.as_text().to_owned())
+            })
+            .unwrap_or_else(|| {
+                format!(
+                    "{}:{}",
+                    refund.created_at.as_deref().unwrap_or(""),
+                    refund.refund_amount.as_ref().map_or("", Text::as_text)
+                )
+            })
+    }
+
+    /// What this notification says about its transaction; `None` for a status sekali does not
+    /// act on.
+    fn facts(&self) -> Option<PaymentFacts> {
+        let gross = parse_decimal_minor_units(self.gross_amount.as_text(), self.exponent());
+        // `transaction_time` is when the transaction was made, not when this status came: it
+        // dates a payment, not a deny or a cancel, so attempts are ranked by their status
+        // alone (0).
+        let at = Self::time_of(self.transaction_time.as_deref());
+        let unknown = 0;
+        let fraud = self.fraud_status.as_deref();
+        let mut facts = PaymentFacts {
+            currency: Some(self.currency().to_ascii_uppercase()),
+            requested: gross,
+            ..PaymentFacts::default()
+        };
+        let took = |facts: &mut PaymentFacts, at: i64| {
+            facts.captured = gross;
+            facts.captured_at = Some(at);
+        };
+        match (self.transaction_status.as_str(), fraud) {
+            ("settlement", _) => took(
+                &mut facts,
+                Self::time_of(self.settlement_time.as_deref()).max(at),
+            ),
+            ("capture", None | Some("") | Some("accept")) => took(&mut facts, at),
+            ("capture", Some("challenge")) | ("authorize", _) => {
+                facts.authorized = gross;
+                facts.attempt = Some((Attempt::Pending, unknown));
+            }
+            ("capture", Some("deny")) | ("deny", _) | ("failure", _) => {
+                facts.attempt = Some((Attempt::Failed, unknown));
+                facts.undone = self.reverses_payment();
+            }
+            ("cancel", _) => {
+                facts.attempt = Some((Attempt::Canceled, unknown));
+                facts.undone = true;
+            }
+            ("expire", _) => facts.attempt = Some((Attempt::Expired, unknown)),
+            ("pending", _) => facts.attempt = Some((Attempt::Pending, unknown)),
+            ("refund" | "partial_refund" | "chargeback" | "partial_chargeback", _) => {
+                // Money given back, or taken back, was money taken.
+                took(&mut facts, at);
+                for entry in &self.refunds {
+                    let amount = self.entry_amount(entry).unwrap_or(0);
+                    let id = Self::entry_id(entry);
+                    if self.is_chargeback() {
+                        facts.disputes.insert(
+                            id,
+                            Dispute {
+                                amount,
+                                stage: DisputeStage::Lost,
+                                withdrawn: true,
+                                reinstated: false,
+                            },
+                        );
+                    } else {
+                        facts.refunds.insert(
+                            id,
+                            LedgerRefund {
+                                amount,
+                                state: RefundState::Succeeded,
+                                failed_at: None,
+                            },
+                        );
+                    }
+                }
+                if self.refunds.is_empty() {
+                    let amount = self.refunded_amount().unwrap_or(0);
+                    if self.is_chargeback() {
+                        facts.disputes.insert(
+                            "chargeback".into(),
+                            Dispute {
+                                amount,
+                                stage: DisputeStage::Lost,
+                                withdrawn: true,
+                                reinstated: false,
+                            },
+                        );
+                    } else {
+                        facts.refunded_snapshot = Some(RefundedSnapshot { amount, at: 0 });
+                    }
+                }
+            }
+            _ => return None,
+        }
+        Some(facts)
     }
 
     /// The provider-independent form of this notification.
     pub fn normalise(self) -> NormalizedEvent {
         let event_id = self.derived_event_id();
         let legacy_event_id = self.legacy_event_id();
-        let payment_ref = self.transaction_id().map(str::to_owned);
-        let exponent = self.exponent();
-        let gross = parse_decimal_minor_units(self.gross_amount.as_text(), exponent);
-        let change = self.target_status().map(|target| StatusChange {
-            target,
-            amount: gross,
-            paid_amount: gross,
-            refunded_amount: if target.is_refund() {
-                self.refunded_amount()
-            } else {
-                None
-            },
-            exponent: Some(exponent),
-            currency: Some(self.currency()),
-            customer_email: self
-                .customer_details
-                .as_ref()
-                .and_then(|c| c.email.as_deref())
-                .and_then(|e| EmailAddress::parse(e).ok()),
-            reverses_payment: self.reverses_payment(),
+        // The transaction is the payment; a notification that names none (older ones) is
+        // its order's one payment.
+        let reference = self
+            .transaction_id()
+            .map_or_else(|| format!("order:{}", self.order_id), str::to_owned);
+        let payment = self.facts().map(|facts| PaymentReport {
+            reference,
+            aliases: Vec::new(),
+            facts,
         });
         NormalizedEvent {
             provider: ProviderName::new("midtrans").expect("a valid name"),
             event_id,
             event_type: self.transaction_status,
             order_ref: OrderRef::OrderId(self.order_id),
-            payment_ref,
-            change,
+            payment,
+            payer_email: self
+                .customer_details
+                .as_ref()
+                .and_then(|c| c.email.as_deref())
+                .and_then(|e| EmailAddress::parse(e).ok()),
             legacy_event_id,
             detail: None,
             retention: DEFAULT_RETENTION,
@@ -638,9 +794,8 @@ impl Notification {
         if let Some(code) = confirmed.expected_status_code() {
             confirmed.status_code = Text(code.to_owned());
         }
-        if let (Some(claimed), Some(reported)) = (self.target_status(), confirmed.target_status()) {
-            let reversal_to_come = self.reverses_payment() && reported == OrderStatus::Paid;
-            if claimed != reported && (reported.can_move_forward_to(claimed) || reversal_to_come) {
+        if let (Some(claimed), Some(reported)) = (self.progress(), confirmed.progress()) {
+            if reported < claimed {
                 return Err(NotConfirmed::NotYet {
                     claimed: self.transaction_status,
                     reported: confirmed.transaction_status,
@@ -856,7 +1011,7 @@ mod tests {
         );
         assert_eq!(settlement.derived_event_id(), "C:settlement:200:accept");
         assert_eq!(settlement.legacy_event_id(), None);
-        assert_eq!(settlement.normalise().payment_ref.as_deref(), Some("tx-1"));
+        assert_eq!(settlement.normalise().payment_ref(), Some("tx-1"));
 
         for (status, code, fraud) in [
             ("deny", "202", "accept"),
@@ -884,8 +1039,8 @@ mod tests {
             assert_eq!(of_one.legacy_event_id(), Some(before.clone()));
             assert_eq!(of_another.legacy_event_id(), Some(before));
             let event = of_one.normalise();
-            assert_eq!(event.payment_ref.as_deref(), Some("tx-1"));
-            assert!(event.change.unwrap().reverses_payment, "{status}");
+            assert_eq!(event.payment_ref(), Some("tx-1"));
+            assert!(event.payment.unwrap().facts.undone, "{status}");
         }
 
         // Without a transaction, the id is the one it always was.
@@ -894,7 +1049,8 @@ mod tests {
         );
         assert_eq!(bare.derived_event_id(), "C:deny:202");
         assert_eq!(bare.legacy_event_id(), None);
-        assert_eq!(bare.normalise().payment_ref, None);
+        // Its transaction is then the order's one payment.
+        assert_eq!(bare.normalise().payment_ref(), Some("order:C"));
     }
 
     /// The transaction a confirmed notification is about is the one the status API reports:
@@ -908,10 +1064,7 @@ mod tests {
         let confirmed = deny.clone().confirmed_by(answer).unwrap();
         assert_eq!(confirmed.transaction_id(), Some("tx-other"));
         assert_eq!(confirmed.derived_event_id(), "C:deny:202:accept:tx-other");
-        assert_eq!(
-            confirmed.normalise().payment_ref.as_deref(),
-            Some("tx-other")
-        );
+        assert_eq!(confirmed.normalise().payment_ref(), Some("tx-other"));
         // An answer that names no transaction leaves the notification's.
         let answer = br#"{"status_code":"202","order_id":"C","transaction_status":"deny","fraud_status":"accept","gross_amount":"1.00"}"#;
         assert_eq!(
@@ -930,10 +1083,29 @@ mod tests {
         );
         assert_eq!(challenge.derived_event_id(), "B:capture:201:challenge");
         assert_eq!(accept.derived_event_id(), "B:capture:200:accept");
-        assert_eq!(
-            challenge.normalise().change.unwrap().target,
-            OrderStatus::Pending
+        let facts = |n: Notification| n.normalise().payment.unwrap().facts;
+        let held = facts(challenge);
+        assert_eq!((held.captured(), held.authorized), (0, Some(100)));
+        assert_eq!(facts(accept).captured(), 100);
+    }
+
+    /// Each chargeback of a transaction is a dispute lost by its id, and two partial chargebacks
+    /// are two events: the second's id names its own chargeback.
+    #[test]
+    fn chargebacks_are_disputes_by_their_ids_and_each_is_its_own_event() {
+        let first = notification(
+            r#"{"order_id":"D","status_code":"200","gross_amount":"300.00","signature_key":"x","transaction_status":"partial_chargeback","transaction_id":"tx-d","refunds":[{"refund_chargeback_id":"cb-1","refund_amount":"100.00","created_at":"2026-11-30 10:00:00"}]}"#,
         );
-        assert_eq!(accept.normalise().change.unwrap().target, OrderStatus::Paid);
+        let second = notification(
+            r#"{"order_id":"D","status_code":"200","gross_amount":"300.00","signature_key":"x","transaction_status":"partial_chargeback","transaction_id":"tx-d","refunds":[{"refund_chargeback_id":"cb-1","refund_amount":"100.00","created_at":"2026-11-30 10:00:00"},{"refund_chargeback_id":"cb-2","refund_amount":"50.00","created_at":"2026-11-30 11:00:00"}]}"#,
+        );
+        assert_ne!(first.derived_event_id(), second.derived_event_id());
+        assert_eq!(second.derived_event_id(), "D:partial_chargeback:200:cb-2");
+        let facts = second.normalise().payment.unwrap().facts;
+        assert_eq!(
+            (facts.captured(), facts.withdrawn(), facts.returned()),
+            (30_000, 15_000, 0)
+        );
+        assert_eq!(facts.disputes.len(), 2);
     }
 }

@@ -187,8 +187,9 @@ impl ProviderSettings<'_> {
 /// Configures a provider from its settings (see [`Registration::configure`]).
 pub type Configure = fn(&ProviderSettings<'_>) -> Result<Option<Arc<dyn Provider>>, String>;
 
-/// Reads a body the provider verified before (see [`Registration::read_stored`]).
-pub type ReadStored = fn(&[u8]) -> Result<NormalizedEvent, PayloadError>;
+/// Reads a body the provider verified before, with the event type it was applied as (see
+/// [`Registration::read_stored`]).
+pub type ReadStored = fn(&str, &[u8]) -> Result<NormalizedEvent, PayloadError>;
 
 /// A provider sekali knows, before it is configured.
 pub struct Registration {
@@ -204,9 +205,10 @@ pub struct Registration {
     /// Decimals of its amounts in `currency` (its own table, or ISO 4217's
     /// [`iso_exponent`](crate::domain::money::iso_exponent)).
     pub amount_exponent: fn(&str) -> u32,
-    /// Reads a body it verified before, for events parked by a sekali older than schema version
-    /// 5, which stored only the body (`None`: it never parked any).
-    pub read_stored: Option<ReadStored>,
+    /// Reads a body it verified before (stored in `processed_events.payload`), with the event
+    /// type it was applied as: the ledger is built from them when a database older than it is
+    /// upgraded.
+    pub read_stored: ReadStored,
 }
 
 /// The configured providers, by name.
@@ -280,12 +282,17 @@ pub fn amount_exponent(provider: &str, currency: &str) -> u32 {
     )
 }
 
-/// Reads a body that `provider` verified before (a parked event an older sekali stored).
-pub fn read_stored(provider: &str, body: &[u8]) -> Result<NormalizedEvent, String> {
+/// Reads a body that `provider` verified before, applied as `event_type` (the ledger's rebuild
+/// of an older database).
+pub fn read_stored(
+    provider: &str,
+    event_type: &str,
+    body: &[u8],
+) -> Result<NormalizedEvent, String> {
     let read = registration(provider)
-        .and_then(|r| r.read_stored)
-        .ok_or_else(|| format!("{provider} events cannot be read back"))?;
-    read(body).map_err(|e| e.to_string())
+        .map(|r| r.read_stored)
+        .ok_or_else(|| format!("no provider is called `{provider}`"))?;
+    read(event_type, body).map_err(|e| e.to_string())
 }
 
 /// The body was authentic but is not an event sekali can read.

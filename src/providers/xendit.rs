@@ -47,10 +47,9 @@ use subtle::ConstantTimeEq;
 use super::{
     Headers, PayloadError, Provider, ProviderSettings, Registration, Rejection, SignedRequest,
 };
+use crate::domain::ledger::{Attempt, PaymentFacts};
 use crate::domain::money::{iso_exponent, parse_decimal_minor_units};
-use crate::domain::{
-    EmailAddress, NormalizedEvent, OrderRef, OrderStatus, ProviderName, StatusChange,
-};
+use crate::domain::{EmailAddress, NormalizedEvent, OrderRef, PaymentReport, ProviderName};
 
 pub const ENV_CALLBACK_TOKEN: &str = "XENDIT_CALLBACK_TOKEN";
 
@@ -81,7 +80,7 @@ pub const REGISTRATION: Registration = Registration {
     )],
     options: &[],
     amount_exponent: iso_exponent,
-    read_stored: None,
+    read_stored: |_, body| parse_callback(body)?.normalise(None),
 };
 
 /// Xendit, configured: the account's callback verification token.
@@ -274,6 +273,9 @@ pub struct InvoiceCallback {
     pub paid_amount: Option<Box<RawValue>>,
     pub currency: Option<String>,
     pub payer_email: Option<String>,
+    /// When it was paid, and last updated (RFC 3339, UTC).
+    pub paid_at: Option<String>,
+    pub updated: Option<String>,
 }
 
 /// Statuses are this long at most; Xendit's are a word or two.
@@ -372,11 +374,6 @@ impl InvoiceCallback {
         format!("{}:{}", self.id, self.status)
     }
 
-    /// The order status the callback's status reports, for the statuses sekali acts on.
-    pub fn target_status(&self) -> Option<OrderStatus> {
-        target_status(&self.status)
-    }
-
     /// The event type: `invoice.` and the status in lower case (`invoice.paid`).
     pub fn event_type(&self) -> String {
         format!("invoice.{}", self.status.to_ascii_lowercase())
@@ -405,24 +402,33 @@ impl InvoiceCallback {
     /// it has one. A status sekali acts on needs its currency and amount; the others are
     /// recorded as they come.
     pub fn normalise(self, webhook_id: Option<String>) -> Result<NormalizedEvent, PayloadError> {
-        let change = match self.target_status() {
+        let payment = match Status::of(&self.status) {
             None => None,
-            Some(target) => Some(self.status_change(target)?),
+            Some(status) => Some(PaymentReport {
+                reference: self.id.clone(),
+                aliases: Vec::new(),
+                facts: self.facts(status)?,
+            }),
         };
         Ok(NormalizedEvent {
             provider: xendit_name(),
             event_id: webhook_id.unwrap_or_else(|| self.derived_event_id()),
             event_type: self.event_type(),
-            order_ref: OrderRef::OrderId(self.external_id),
-            payment_ref: None,
-            change,
+            order_ref: OrderRef::OrderId(self.external_id.clone()),
+            payment,
+            payer_email: self
+                .payer_email
+                .as_deref()
+                .and_then(|e| EmailAddress::parse(e).ok()),
             legacy_event_id: None,
             detail: None,
             retention: DEFAULT_RETENTION,
         })
     }
 
-    fn status_change(&self, target: OrderStatus) -> Result<StatusChange, PayloadError> {
+    /// What the callback says about its invoice: paid (what was paid, against the invoice's
+    /// amount, which the payment must match), or expired.
+    fn facts(&self, status: Status) -> Result<PaymentFacts, PayloadError> {
         let invalid = |message: &str| PayloadError::InvalidEvent(message.to_owned());
         let currency = self
             .currency
@@ -443,43 +449,59 @@ impl InvoiceCallback {
         let amount = self
             .minor_units("amount", self.amount.as_deref(), &currency, exponent)?
             .ok_or_else(|| invalid("missing field `amount`"))?;
-        let paid_amount = if target == OrderStatus::Paid {
-            // An invoice is paid in full: a callback without `paid_amount` paid its `amount`.
-            Some(
-                self.minor_units(
-                    "paid_amount",
-                    self.paid_amount.as_deref(),
-                    &currency,
-                    exponent,
-                )?
-                .unwrap_or(amount),
-            )
-        } else {
-            None
+        let mut facts = PaymentFacts {
+            currency: Some(currency.to_ascii_uppercase()),
+            requested: Some(amount),
+            expected: Some(amount),
+            ..PaymentFacts::default()
         };
-        Ok(StatusChange {
-            target,
-            amount: Some(amount),
-            exponent: Some(exponent),
-            paid_amount,
-            refunded_amount: None,
-            currency: Some(currency),
-            customer_email: self
-                .payer_email
-                .as_deref()
-                .and_then(|e| EmailAddress::parse(e).ok()),
-            reverses_payment: false,
-        })
+        match status {
+            Status::Paid => {
+                // An invoice is paid in full: a callback without `paid_amount` paid its `amount`.
+                facts.captured = Some(
+                    self.minor_units(
+                        "paid_amount",
+                        self.paid_amount.as_deref(),
+                        &currency,
+                        exponent,
+                    )?
+                    .unwrap_or(amount),
+                );
+                facts.captured_at = Some(time_of(self.paid_at.as_deref()));
+            }
+            Status::Expired => {
+                facts.attempt = Some((Attempt::Expired, time_of(self.updated.as_deref())));
+            }
+        }
+        Ok(facts)
     }
 }
 
-/// `PAID` and `SETTLED` (the money reached the account's balance) are paid, `EXPIRED` expired;
-/// any other status (`PENDING`, and whatever Xendit adds) is recorded and not acted on.
-pub fn target_status(status: &str) -> Option<OrderStatus> {
-    match status {
-        "PAID" | "SETTLED" => Some(OrderStatus::Paid),
-        "EXPIRED" => Some(OrderStatus::Expired),
-        _ => None,
+/// An RFC 3339 time as Unix seconds; 0 when absent or unreadable (the ledger then orders by
+/// rank alone).
+fn time_of(text: Option<&str>) -> i64 {
+    text.and_then(|t| humantime::parse_rfc3339_weak(t.trim()).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// The statuses sekali acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// `PAID`, and `SETTLED` (the money reached the account's balance).
+    Paid,
+    Expired,
+}
+
+impl Status {
+    /// `PAID` and `SETTLED` are paid, `EXPIRED` expired; any other status (`PENDING`, and
+    /// whatever Xendit adds) is recorded and not acted on.
+    pub fn of(status: &str) -> Option<Status> {
+        match status {
+            "PAID" | "SETTLED" => Some(Status::Paid),
+            "EXPIRED" => Some(Status::Expired),
+            _ => None,
+        }
     }
 }
 
@@ -678,33 +700,39 @@ mod tests {
         let c = callback(
             r#"{"id":"i","external_id":"o","status":"PAID","currency":"PHP","amount":0.29,"paid_amount":0.29}"#,
         );
-        let change = c.normalise(None).unwrap().change.unwrap();
-        assert_eq!((change.amount, change.paid_amount), (Some(29), Some(29)));
+        let facts = c.normalise(None).unwrap().payment.unwrap().facts;
+        assert_eq!((facts.requested, facts.captured), (Some(29), Some(29)));
     }
 
     #[test]
-    fn each_status_maps_to_its_order_status_or_to_none() {
+    fn paid_and_settled_take_money_expired_ends_the_invoice_and_the_rest_say_nothing() {
         for (status, expected) in [
-            ("PAID", Some(OrderStatus::Paid)),
-            ("SETTLED", Some(OrderStatus::Paid)),
-            ("EXPIRED", Some(OrderStatus::Expired)),
+            ("PAID", Some(Status::Paid)),
+            ("SETTLED", Some(Status::Paid)),
+            ("EXPIRED", Some(Status::Expired)),
             ("PENDING", None),
             ("FAILED", None),
             ("VOIDED", None),
             ("SOMETHING_NEW", None),
         ] {
-            assert_eq!(target_status(status), expected, "{status}");
+            assert_eq!(Status::of(status), expected, "{status}");
             let event = callback(&format!(
                 r#"{{"id":"i","external_id":"o","status":"{status}","amount":1,"currency":"IDR"}}"#
             ))
             .normalise(None)
             .unwrap();
-            assert_eq!(event.change.map(|c| c.target), expected, "{status}");
+            let facts = event.payment.as_ref().map(|p| &p.facts);
+            let said = facts.map(|f| (f.captured(), f.attempt()));
+            let want = expected.map(|s| match s {
+                Status::Paid => (100, Attempt::Pending),
+                Status::Expired => (0, Attempt::Expired),
+            });
+            assert_eq!(said, want, "{status}");
             assert_eq!(event.order_ref, OrderRef::OrderId("o".into()));
         }
         // An ignored status is recorded as it comes, without the fields a change needs.
         let pending = callback(r#"{"id":"i","external_id":"o","status":"PENDING"}"#);
-        assert_eq!(pending.normalise(None).unwrap().change, None);
+        assert_eq!(pending.normalise(None).unwrap().payment, None);
     }
 
     #[test]
@@ -777,82 +805,79 @@ mod tests {
     /// expectation fails here.
     #[test]
     fn every_fixture_reads_as_the_expected_normalized_event() {
-        let email = |e: &str| Some(EmailAddress::parse(e).unwrap());
-        let paid = |amount: i64, email| StatusChange {
-            target: OrderStatus::Paid,
-            amount: Some(amount),
-            exponent: Some(2),
-            paid_amount: Some(amount),
-            refunded_amount: None,
-            currency: Some("IDR".into()),
-            customer_email: email,
-            reverses_payment: false,
-        };
-        let event = |id: &str, kind: &str, order: &str, change| NormalizedEvent {
-            provider: xendit_name(),
-            event_id: id.into(),
-            event_type: kind.into(),
-            order_ref: OrderRef::OrderId(order.into()),
-            payment_ref: None,
-            change: Some(change),
-            legacy_event_id: None,
-            detail: None,
-            retention: DEFAULT_RETENTION,
-        };
-        let expected = [
+        // (file, event id, type, order, invoice, currency, asked, taken, expired, payer)
+        type Expected<'a> = (
+            &'a str,
+            &'a str,
+            &'a str,
+            &'a str,
+            &'a str,
+            &'a str,
+            i64,
+            i64,
+            bool,
+            Option<&'a str>,
+        );
+        let expected: [Expected; 5] = [
             (
                 "invoice.paid.json",
-                event(
-                    "65f1c0a2b3d4e5f601a01001:PAID",
-                    "invoice.paid",
-                    "ord_x_1001",
-                    paid(15_000_000, email("buyer1001@example.com")),
-                ),
+                "65f1c0a2b3d4e5f601a01001:PAID",
+                "invoice.paid",
+                "ord_x_1001",
+                "65f1c0a2b3d4e5f601a01001",
+                "IDR",
+                15_000_000,
+                15_000_000,
+                false,
+                Some("buyer1001@example.com"),
             ),
             (
                 "invoice.settled.json",
-                event(
-                    "65f1c0a2b3d4e5f601a01001:SETTLED",
-                    "invoice.settled",
-                    "ord_x_1001",
-                    paid(15_000_000, email("buyer1001@example.com")),
-                ),
+                "65f1c0a2b3d4e5f601a01001:SETTLED",
+                "invoice.settled",
+                "ord_x_1001",
+                "65f1c0a2b3d4e5f601a01001",
+                "IDR",
+                15_000_000,
+                15_000_000,
+                false,
+                Some("buyer1001@example.com"),
             ),
             (
                 "invoice.expired.json",
-                event(
-                    "65f1c0a2b3d4e5f601a01002:EXPIRED",
-                    "invoice.expired",
-                    "ord_x_1002",
-                    StatusChange {
-                        target: OrderStatus::Expired,
-                        amount: Some(8_900_000),
-                        exponent: Some(2),
-                        paid_amount: None,
-                        refunded_amount: None,
-                        currency: Some("IDR".into()),
-                        customer_email: None,
-                        reverses_payment: false,
-                    },
-                ),
+                "65f1c0a2b3d4e5f601a01002:EXPIRED",
+                "invoice.expired",
+                "ord_x_1002",
+                "65f1c0a2b3d4e5f601a01002",
+                "IDR",
+                8_900_000,
+                0,
+                true,
+                None,
             ),
             (
                 "invoice.paid.ewallet.json",
-                event(
-                    "65f1c0a2b3d4e5f601a01003:PAID",
-                    "invoice.paid",
-                    "ord_x_1003",
-                    paid(21_000_000, None),
-                ),
+                "65f1c0a2b3d4e5f601a01003:PAID",
+                "invoice.paid",
+                "ord_x_1003",
+                "65f1c0a2b3d4e5f601a01003",
+                "IDR",
+                21_000_000,
+                21_000_000,
+                false,
+                None,
             ),
             (
                 "invoice.paid.card.json",
-                event(
-                    "65f1c0a2b3d4e5f601a01004:PAID",
-                    "invoice.paid",
-                    "ord_x_1004",
-                    paid(32_500_000, None),
-                ),
+                "65f1c0a2b3d4e5f601a01004:PAID",
+                "invoice.paid",
+                "ord_x_1004",
+                "65f1c0a2b3d4e5f601a01004",
+                "IDR",
+                32_500_000,
+                32_500_000,
+                false,
+                None,
             ),
         ];
         let dir = format!("{}/fixtures/xendit", env!("CARGO_MANIFEST_DIR"));
@@ -862,13 +887,37 @@ mod tests {
             .filter(|name| name.ends_with(".json"))
             .collect();
         files.sort();
-        let mut listed: Vec<String> = expected.iter().map(|(f, _)| f.to_string()).collect();
+        let mut listed: Vec<String> = expected.iter().map(|e| e.0.to_string()).collect();
         listed.sort();
         assert_eq!(files, listed, "every fixture has an expectation");
-        for (file, expected) in expected {
+        for (file, id, kind, order, invoice, currency, asked, taken, expired, payer) in expected {
             let read = verify(&[("x-callback-token", TOKEN)], &fixture(file))
                 .unwrap_or_else(|e| panic!("{file}: {e}"));
-            assert_eq!(read, expected, "{file}");
+            assert_eq!(
+                (read.event_id.as_str(), read.event_type.as_str()),
+                (id, kind),
+                "{file}"
+            );
+            assert_eq!(read.order_ref, OrderRef::OrderId(order.into()), "{file}");
+            assert_eq!(
+                read.payer_email.as_ref().map(EmailAddress::as_str),
+                payer,
+                "{file}"
+            );
+            let payment = read.payment.unwrap();
+            let facts = &payment.facts;
+            assert_eq!(payment.reference, invoice, "{file}");
+            assert_eq!(
+                (
+                    facts.currency.as_deref(),
+                    facts.requested,
+                    facts.expected,
+                    facts.captured(),
+                    facts.attempt() == Attempt::Expired
+                ),
+                (Some(currency), Some(asked), Some(asked), taken, expired),
+                "{file}"
+            );
             assert_eq!(read.retention, DEFAULT_RETENTION, "{file}");
         }
     }
@@ -904,17 +953,13 @@ mod tests {
         let event = verify(&[("x-callback-token", TOKEN)], &body).unwrap();
         assert_eq!(event.order_ref, OrderRef::OrderId("bench_r_7".into()));
         assert_eq!(event.event_id, "inv_bench_r_7:PAID");
-        let change = event.change.unwrap();
+        let facts = event.payment.unwrap().facts;
         assert_eq!(
-            (
-                change.target,
-                change.paid_amount,
-                change.currency.as_deref()
-            ),
-            (OrderStatus::Paid, Some(15_000_000), Some("IDR"))
+            (facts.captured(), facts.currency.as_deref()),
+            (15_000_000, Some("IDR"))
         );
         assert_eq!(
-            change.customer_email.map(|e| e.to_string()).as_deref(),
+            event.payer_email.map(|e| e.to_string()).as_deref(),
             Some("customerr_7@example.com")
         );
     }
@@ -941,9 +986,9 @@ mod tests {
                 r#"{{"id":"i","external_id":"o","status":"PAID","currency":"IDR","amount":1,"payer_email":{}}}"#,
                 serde_json::to_string(email).unwrap()
             ));
-            let change = c.normalise(None).unwrap().change.unwrap();
+            let event = c.normalise(None).unwrap();
             assert_eq!(
-                change.customer_email.as_ref().map(EmailAddress::as_str),
+                event.payer_email.as_ref().map(EmailAddress::as_str),
                 expected,
                 "{email}"
             );

@@ -26,9 +26,9 @@ use crate::domain::{NormalizedEvent, OrderStatus};
 pub use model::{
     BackupReport, ClaimRequest, ClaimedEmail, DeletedRun, EventDetail, EventQuery, EventSummary,
     IdempotentOutcome, NewOrder, NextTry, OperatorChange, OrderView, OrdersOutsideRuns,
-    OutboxQuery, OutboxRow, Purged, Retried, RunCounts, RunDeletion, RunEmail, RunMarker,
-    SendOutcome, SendResult, SetStatusError, StoreStats, StoredResponse, Transition, WriterStats,
-    DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
+    OutboxQuery, OutboxRow, PaymentView, Purged, Retried, RunCounts, RunDeletion, RunEmail,
+    RunMarker, SendOutcome, SendResult, SetStatusError, StoreStats, StoredResponse, Transition,
+    WriterStats, DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
 };
 
 /// A store failure. Engine errors keep their own codes (SQLite's extended result code is in the

@@ -158,6 +158,8 @@ pub struct SendResult {
 pub struct OrderView {
     pub order_id: String,
     pub status: String,
+    /// Why it needs a look, while it does.
+    pub review_reason: Option<String>,
     pub provider: String,
     pub amount: Option<i64>,
     pub refunded_amount: i64,
@@ -177,9 +179,93 @@ pub struct OrderView {
     pub payment_intent_id: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// Its payments, as the ledger knows them (one order only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payments: Option<Vec<PaymentView>>,
     /// Every change of its status, oldest first (one order only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<Vec<Transition>>,
+}
+
+/// A payment of an order as the API shows it: what it asked for and took, what it gave back and
+/// what disputes took back, how far it got, and each refund and dispute by its id. Amounts in ISO
+/// 4217 minor units of `currency`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PaymentView {
+    pub provider: String,
+    pub payment_ref: String,
+    pub currency: Option<String>,
+    pub requested: Option<i64>,
+    pub authorized: Option<i64>,
+    pub captured: i64,
+    /// An authorisation given back without being taken: no money moved.
+    pub released: i64,
+    pub returned: i64,
+    pub withdrawn: i64,
+    /// How far it got without taking money: pending, failed, expired or canceled.
+    pub attempt: String,
+    /// The provider took back money it had taken.
+    pub reversed: bool,
+    pub refunds: Vec<RefundView>,
+    pub disputes: Vec<DisputeView>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RefundView {
+    pub refund_id: String,
+    pub amount: i64,
+    pub state: String,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DisputeView {
+    pub dispute_id: String,
+    pub amount: i64,
+    pub stage: String,
+    /// Money it holds now.
+    pub holds: i64,
+}
+
+impl PaymentView {
+    /// The view of `facts`, the payment `payment_ref` of `provider`.
+    pub fn of(
+        provider: &str,
+        payment_ref: &str,
+        facts: &crate::domain::ledger::PaymentFacts,
+    ) -> PaymentView {
+        PaymentView {
+            provider: provider.to_owned(),
+            payment_ref: payment_ref.to_owned(),
+            currency: facts.currency.clone(),
+            requested: facts.requested,
+            authorized: facts.authorized,
+            captured: facts.captured(),
+            released: facts.released.unwrap_or(0),
+            returned: facts.returned(),
+            withdrawn: facts.withdrawn(),
+            attempt: facts.attempt().as_str().to_owned(),
+            reversed: facts.reversed(),
+            refunds: facts
+                .refunds
+                .iter()
+                .map(|(id, r)| RefundView {
+                    refund_id: id.clone(),
+                    amount: r.amount,
+                    state: r.state.as_str().to_owned(),
+                })
+                .collect(),
+            disputes: facts
+                .disputes
+                .iter()
+                .map(|(id, d)| DisputeView {
+                    dispute_id: id.clone(),
+                    amount: d.amount,
+                    stage: d.stage.as_str().to_owned(),
+                    holds: d.holds(),
+                })
+                .collect(),
+        }
+    }
 }
 
 impl OrderView {

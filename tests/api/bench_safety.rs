@@ -55,7 +55,10 @@ fn database_rows(db: &Path) -> BTreeMap<&'static str, Vec<String>> {
         ("processed_events", "provider, event_id"),
         ("orders", "order_id"),
         ("order_transitions", "id"),
-        ("order_payment_intents", "payment_intent_id"),
+        ("payments", "provider, payment_ref"),
+        ("payment_refunds", "provider, payment_ref, refund_id"),
+        ("payment_disputes", "provider, payment_ref, dispute_id"),
+        ("payment_aliases", "provider, alias"),
         ("email_outbox", "id"),
         ("idempotency_keys", "client, key"),
     ] {

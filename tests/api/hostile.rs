@@ -20,10 +20,14 @@ fn succeeded_text() -> String {
 
 /// The succeeded fixture with its own event id and order id, so each delivery is new.
 fn succeeded_with(event_id: &str, order_id: &str) -> String {
-    succeeded_text().replace(SUCCEEDED_ID, event_id).replace(
-        "\"order_id\": \"ord_1001\"",
-        &format!("\"order_id\": \"{order_id}\""),
-    )
+    // Its own PaymentIntent too: a payment pays one order.
+    succeeded_text()
+        .replace(SUCCEEDED_ID, event_id)
+        .replace(
+            "\"order_id\": \"ord_1001\"",
+            &format!("\"order_id\": \"{order_id}\""),
+        )
+        .replace("pi_3QA0001Order1001", &format!("pi_{order_id}"))
 }
 
 /// The `v1` hex value of a header made by [`stripe_header`].

@@ -54,7 +54,8 @@ async fn capture_challenge_then_accept_is_two_events_ending_paid() {
 async fn each_midtrans_status_maps_to_its_order_status() {
     let app = spawn_app().await;
     for (name, order, status) in [
-        ("deny", "ORDER-2003", "cancelled"),
+        // A denied card is a failed attempt; a cancelled transaction one called off.
+        ("deny", "ORDER-2003", "failed"),
         ("cancel", "ORDER-2004", "cancelled"),
         ("expire", "ORDER-2005", "expired"),
         ("failure", "ORDER-2006", "failed"),
@@ -269,7 +270,7 @@ async fn a_deny_after_a_card_capture_of_the_same_transaction_is_a_reversal() {
 /// order id across a customer's attempts, and the late deny of a declined card attempt moved an
 /// order that a bank transfer had paid to `needs_review`.
 #[actix_web::test]
-async fn a_deny_of_another_transaction_after_a_settlement_is_stale_and_the_order_stays_paid() {
+async fn a_deny_of_another_transaction_after_a_settlement_leaves_the_order_paid() {
     let app = spawn_app().await;
     assert_eq!(
         app.deliver_midtrans("settlement").await.outcome(),
@@ -289,9 +290,10 @@ async fn a_deny_of_another_transaction_after_a_settlement_is_stale_and_the_order
     ] {
         let other = order_2001_reversed_by(status, transaction_id, payment_type);
         let answer = app.post("/webhooks/midtrans", other, &[]).await;
+        // Recorded as what it is, another attempt that failed; the order stays paid.
         assert_eq!(
             (answer.status, answer.outcome()),
-            (200, "stale"),
+            (200, "processed"),
             "{status} of {transaction_id}: {answer:?}"
         );
     }
@@ -342,7 +344,7 @@ async fn the_transaction_that_paid_an_order_is_the_one_a_reversal_must_name() {
             &[],
         )
         .await;
-    assert_eq!((first.status, first.outcome()), (200, "stale"));
+    assert_eq!((first.status, first.outcome()), (200, "processed"));
     assert_eq!(app.order_status("ORDER-2005").as_deref(), Some("paid"));
 
     // The deny of the paying transaction is an event of its own (its id names the

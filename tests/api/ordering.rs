@@ -119,21 +119,29 @@ async fn late_events_that_would_move_an_order_backwards_are_stale() {
     assert_eq!(outcome, "stale");
 }
 
+/// A refund says the money was taken before it was given back: an order first seen refunded
+/// gets the receipt for what was taken and the notice of what was given back, and the payment
+/// arriving afterwards is stale and sends nothing.
 #[actix_web::test]
-async fn an_order_first_seen_refunded_gets_a_refund_notice_but_no_receipt() {
+async fn an_order_first_seen_refunded_gets_its_receipt_and_refund_notice() {
     let app = spawn_app().await;
     app.deliver_midtrans("refund").await;
     assert_eq!(
         app.order("ORDER-2002"),
         ("refunded".into(), 27_500_000, 27_500_000)
     );
-    assert_eq!(app.outbox_templates("ORDER-2002"), ["refund_notice"]);
-    // The payment arriving afterwards is stale and sends nothing.
+    assert_eq!(
+        app.outbox_templates("ORDER-2002"),
+        ["receipt", "refund_notice"]
+    );
     assert_eq!(
         app.deliver_midtrans("capture.accept").await.outcome(),
         "stale"
     );
-    assert_eq!(app.outbox_templates("ORDER-2002"), ["refund_notice"]);
+    assert_eq!(
+        app.outbox_templates("ORDER-2002"),
+        ["receipt", "refund_notice"]
+    );
 }
 
 #[actix_web::test]
@@ -158,12 +166,21 @@ async fn an_older_partial_refund_after_a_newer_one_is_stale() {
     );
 }
 
+/// A type sekali does not act on is ignored; a payment no order names waits on its payment
+/// (parked), and counts once an event names it with its order.
 #[actix_web::test]
-async fn unknown_types_and_events_without_an_order_are_ignored() {
+async fn unknown_types_are_ignored_and_payments_without_an_order_wait() {
     let app = spawn_app().await;
     let answer = app.deliver_stripe("customer.created").await;
     assert_eq!((answer.status, answer.outcome()), (200, "ignored"));
-    let no_order = br#"{"id":"evt_no_order","object":"event","type":"payment_intent.succeeded","data":{"object":{"id":"pi_unlinked","object":"payment_intent","amount":100,"currency":"usd","metadata":{}}}}"#;
-    assert_eq!(app.deliver_stripe_body(no_order).await.outcome(), "ignored");
+    let no_order = br#"{"id":"evt_no_order","object":"event","type":"payment_intent.succeeded","data":{"object":{"id":"pi_unlinked","object":"payment_intent","amount":100,"amount_received":100,"currency":"usd","metadata":{}}}}"#;
+    assert_eq!(app.deliver_stripe_body(no_order).await.outcome(), "parked");
     assert_eq!(app.row_counts(), (2, 0, 0));
+    let linking = br#"{"id":"evt_linking","object":"event","type":"payment_intent.processing","data":{"object":{"id":"pi_unlinked","object":"payment_intent","amount":100,"currency":"usd","metadata":{"order_id":"ord_late"}}}}"#;
+    assert_eq!(
+        app.deliver_stripe_body(linking).await.outcome(),
+        "processed"
+    );
+    assert_eq!(app.order("ord_late"), ("paid".into(), 100, 0));
+    assert_eq!(app.outbox_templates("ord_late"), ["receipt"]);
 }

@@ -474,16 +474,19 @@ async fn a_payment_that_does_not_match_an_api_order_moves_it_to_needs_review() {
         )
         .unwrap();
     assert_eq!(outcome, "amount_mismatch");
-    assert!(
-        app.outbox_templates("ord_1001").is_empty(),
-        "no receipt for a payment that does not match"
-    );
-    // Later webhooks on it are stale until an operator decides.
+    // The money was taken all the same: the customer's receipt says what.
+    assert_eq!(app.outbox_templates("ord_1001"), ["receipt"]);
+    // Money given back while the order is in review is money given back: recorded and told to
+    // the customer; the order stays in review until an operator decides.
     assert_eq!(
         app.deliver_stripe("charge.refunded.partial")
             .await
             .outcome(),
-        "stale"
+        "processed"
+    );
+    assert_eq!(
+        app.order_status("ord_1001").as_deref(),
+        Some("needs_review")
     );
 
     app.stop().await;
@@ -504,7 +507,10 @@ async fn a_payment_that_does_not_match_an_api_order_moves_it_to_needs_review() {
         "order ord_1001: needs_review -> paid (by ana)\n"
     );
     assert_eq!(app.order_status("ord_1001").as_deref(), Some("paid"));
-    assert_eq!(app.outbox_templates("ord_1001"), ["receipt"]);
+    assert_eq!(
+        app.outbox_templates("ord_1001"),
+        ["receipt", "refund_notice"]
+    );
 }
 
 #[actix_web::test]
@@ -758,8 +764,9 @@ async fn an_order_lists_its_fields_in_the_same_order_alone_and_in_a_page() {
     let page = send(&app, "GET", "/orders", Some(SHOP), None, None).await;
     let mut alone = keys(&one.body, "");
     assert_eq!(alone.pop().as_deref(), Some("history"), "{}", one.body);
+    assert_eq!(alone.pop().as_deref(), Some("payments"), "{}", one.body);
     assert_eq!(keys(&page.body, "\"orders\":["), alone, "{}", page.body);
-    assert_eq!(&alone[..3], ["order_id", "status", "provider"]);
+    assert_eq!(&alone[..3], ["order_id", "status", "review_reason"]);
 }
 
 /// Fails on the version that fingerprinted the raw path: `/%6frders` is routed as `/orders`, and
@@ -808,7 +815,7 @@ async fn an_order_read_alone_shows_what_was_paid_and_its_history() {
         (order["amount"].as_i64(), order["paid_amount"].as_i64()),
         (Some(3000), Some(2500))
     );
-    assert_eq!(order["paid_currency"], "usd");
+    assert_eq!(order["paid_currency"], "USD");
     let history: Vec<(String, String, String, String)> = order["history"]
         .as_array()
         .unwrap()

@@ -200,11 +200,17 @@ async fn a_version_3_database_gains_the_paid_amount_and_the_reversed_outcome_in_
          INSERT INTO orders (order_id, provider, status, amount, currency, customer_email,
                              created_at, updated_at, last_event_id)
          VALUES ('ORDER-2007', 'midtrans', 'paid', 8500000, 'IDR', 'budi@example.com',
-                 '2026-11-01T10:00:00Z', '2026-11-01T10:00:00Z', 'ORDER-2007:settlement:200:accept');
-         INSERT INTO processed_events (provider, event_id, event_type, order_id, outcome,
+                 '2026-11-01T10:00:00Z', '2026-11-01T10:00:00Z', 'ORDER-2007:settlement:200:accept');",
+    )
+    .unwrap();
+    // The settlement as version 3 stored it: its body, from which the ledger learns its
+    // transaction.
+    conn.execute(
+        "INSERT INTO processed_events (provider, event_id, event_type, order_id, outcome,
                                        received_at, expires_at, payload)
          VALUES ('midtrans', 'ORDER-2007:settlement:200:accept', 'settlement', 'ORDER-2007',
-                 'processed', '2026-11-01T10:00:00Z', '2099-01-01T00:00:00Z', '{}');",
+                 'processed', '2026-11-01T10:00:00Z', '2099-01-01T00:00:00Z', ?1)",
+        [String::from_utf8(fixture("midtrans/echannel.settlement.json")).unwrap()],
     )
     .unwrap();
     // Version 3 refuses the new outcome.
@@ -219,7 +225,8 @@ async fn a_version_3_database_gains_the_paid_amount_and_the_reversed_outcome_in_
     let v3_db = db.clone();
     let app = spawn_app_with(move |settings| settings.db_path = v3_db).await;
     assert_eq!(user_version(&db), SCHEMA_VERSION);
-    // The order kept its row, and has no paid amount (it was paid before sekali kept one).
+    // The order kept its row; its stored event says nothing of money, and the ledger takes what
+    // the row showed paid as its payment's (version 3 kept no paid amount).
     let conn = Connection::open(&db).unwrap();
     let paid: (String, i64, Option<i64>, Option<String>) = conn
         .query_row(
@@ -228,7 +235,15 @@ async fn a_version_3_database_gains_the_paid_amount_and_the_reversed_outcome_in_
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )
         .unwrap();
-    assert_eq!(paid, ("paid".into(), 8_500_000, None, None));
+    assert_eq!(
+        paid,
+        (
+            "paid".into(),
+            8_500_000,
+            Some(8_500_000),
+            Some("IDR".into())
+        )
+    );
     // The reversal of that payment is recorded with its outcome.
     let answer = app.deliver_midtrans("echannel.deny").await;
     assert_eq!(
@@ -374,7 +389,7 @@ fn a_database_from_a_newer_sekali_is_refused_with_its_version() {
     version_1_database(&db);
     Connection::open(&db)
         .unwrap()
-        .execute_batch("PRAGMA user_version = 7")
+        .execute_batch(&format!("PRAGMA user_version = {}", SCHEMA_VERSION + 1))
         .unwrap();
     let out = std::process::Command::new(sekali_bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--db"])
@@ -385,9 +400,13 @@ fn a_database_from_a_newer_sekali_is_refused_with_its_version() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("schema version 7")
+        stderr.contains(&format!("schema version {}", SCHEMA_VERSION + 1))
             && stderr.contains(&format!("knows up to {SCHEMA_VERSION}")),
         "{stderr}"
     );
-    assert_eq!(user_version(&db), 7, "nothing was rewritten");
+    assert_eq!(
+        user_version(&db),
+        SCHEMA_VERSION + 1,
+        "nothing was rewritten"
+    );
 }

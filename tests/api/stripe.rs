@@ -85,7 +85,7 @@ async fn outbox_rows_are_complete_enough_to_send() {
     let params: serde_json::Value = serde_json::from_str(&params).unwrap();
     assert_eq!(params["order_id"], "ord_1001");
     assert_eq!(params["amount"], 2500);
-    assert_eq!(params["currency"], "usd");
+    assert_eq!(params["currency"], "USD");
 }
 
 #[actix_web::test]

@@ -29,9 +29,14 @@ async fn every_object_stripe_publishes_is_acknowledged_under_a_type_sekali_does_
         serde_json::from_slice(&fixture("stripe/openapi/fixtures3.json")).unwrap();
     let resources = fixtures["resources"].as_object().unwrap();
     assert!(resources.len() > 100, "{} resources", resources.len());
+    let mut sent = 0;
     for (i, (name, object)) in resources.iter().enumerate() {
         // `<resource>.updated` is a real type for most resources, and one sekali does not act
-        // on for every one of them.
+        // on for all but the refund's (`refund.updated`, which the ledger reads).
+        if sekali::providers::stripe::HANDLED_TYPES.contains(&format!("{name}.updated").as_str()) {
+            continue;
+        }
+        sent += 1;
         let body = event_around(
             &format!("evt_openapi_{i:03}"),
             &format!("{name}.updated"),
@@ -53,7 +58,7 @@ async fn every_object_stripe_publishes_is_acknowledged_under_a_type_sekali_does_
         answer.body
     );
     let (events, orders, emails) = app.row_counts();
-    assert_eq!(events as usize, resources.len() + 1);
+    assert_eq!(events as usize, sent + 1);
     assert_eq!((orders, emails), (0, 0));
 }
 
@@ -102,23 +107,28 @@ async fn a_charge_captured_for_less_than_its_amount_is_fully_refunded_at_the_cap
     let answer = app.deliver_stripe("charge.refunded.partial_capture").await;
     assert_eq!((answer.status, answer.outcome()), (200, "processed"));
     assert_eq!(app.order("ord_1009"), ("refunded".into(), 10_000, 6_000));
-    assert_eq!(app.outbox_templates("ord_1009"), ["refund_notice"]);
+    assert_eq!(
+        app.outbox_templates("ord_1009"),
+        ["receipt", "refund_notice"]
+    );
 }
 
-/// Each condition of "fully refunded" alone, end to end: Stripe's `refunded: true` with less
-/// refunded than captured, and `refunded: false` with everything captured (6,000 of 10,000)
-/// refunded.
+/// The money decides, not the flag: 6,000 of 6,000 captured given back is a full refund whatever
+/// `refunded` says, and 4,000 of it is a partial one, `refunded: true` or not (a contradiction
+/// Stripe does not send: the ledger counts the money it reports).
 #[actix_web::test]
-async fn a_partial_capture_is_fully_refunded_by_the_flag_alone_or_by_the_captured_amount_alone() {
+async fn a_partial_capture_is_refunded_by_what_was_given_back_of_what_was_captured() {
     let app = spawn_app().await;
     let fixture: serde_json::Value =
         serde_json::from_slice(&fixture("stripe/charge.refunded.partial_capture.json")).unwrap();
-    for (order, refunded, amount_refunded) in
-        [("ord_flag", true, 4_000), ("ord_captured", false, 6_000)]
-    {
+    for (order, refunded, amount_refunded, status) in [
+        ("ord_flag", true, 4_000, "partially_refunded"),
+        ("ord_captured", false, 6_000, "refunded"),
+    ] {
         let mut event = fixture.clone();
         event["id"] = format!("evt_{order}").into();
         event["data"]["object"]["metadata"]["order_id"] = order.into();
+        event["data"]["object"]["payment_intent"] = format!("pi_{order}").into();
         event["data"]["object"]["refunded"] = refunded.into();
         event["data"]["object"]["amount_refunded"] = amount_refunded.into();
         let answer = app
@@ -131,10 +141,14 @@ async fn a_partial_capture_is_fully_refunded_by_the_flag_alone_or_by_the_capture
         );
         assert_eq!(
             app.order(order),
-            ("refunded".into(), 10_000, amount_refunded),
+            (status.into(), 10_000, amount_refunded),
             "{order}"
         );
-        assert_eq!(app.outbox_templates(order), ["refund_notice"], "{order}");
+        assert_eq!(
+            app.outbox_templates(order),
+            ["receipt", "refund_notice"],
+            "{order}"
+        );
     }
 }
 

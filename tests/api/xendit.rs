@@ -334,13 +334,18 @@ async fn an_api_order_paid_by_a_xendit_callback_of_another_amount_needs_review()
         app.order_status("ord_x_1001").as_deref(),
         Some("needs_review")
     );
-    assert!(app.outbox_templates("ord_x_1001").is_empty());
-    // Its SETTLED finds it in review: stale, still no receipt.
+    // The money was taken all the same: the customer's receipt says what.
+    assert_eq!(app.outbox_templates("ord_x_1001"), ["receipt"]);
+    // Its SETTLED says the same of the same invoice: no second receipt, still in review.
     assert_eq!(
         deliver_xendit(&app, "invoice.settled").await.outcome(),
-        "stale"
+        "processed"
     );
-    assert!(app.outbox_templates("ord_x_1001").is_empty());
+    assert_eq!(app.outbox_templates("ord_x_1001"), ["receipt"]);
+    assert_eq!(
+        app.order_status("ord_x_1001").as_deref(),
+        Some("needs_review")
+    );
 
     let matching = deliver_xendit(&app, "invoice.paid.card").await;
     assert_eq!(matching.outcome(), "processed");

@@ -2,18 +2,22 @@
 //!
 //! The caller (the writer thread) opens `BEGIN IMMEDIATE` and a SAVEPOINT per delivery, calls
 //! [`record_event_and_apply`], and rolls the savepoint back on [`Outcome::Duplicate`] or an error.
-//! So the claim in `processed_events`, the order change and the outbox row commit together or not
-//! at all.
+//! So the claim in `processed_events`, the payment's facts, the order change and the outbox rows
+//! commit together or not at all.
 
 use rusqlite::{params, OptionalExtension};
 
+use super::ledger;
 use super::statements::Statements;
 use super::StoreError;
 use crate::clock::iso_seconds;
+use crate::domain::decide;
+use crate::domain::decision::News;
+use crate::domain::ledger::{OperatorDecision, OrderPayment};
+use crate::domain::text::Escaped;
 pub use crate::domain::Outcome;
 use crate::domain::{
-    decide, Decision, NormalizedEvent, OrderRef, OrderState, OrderStatus, ProviderName,
-    StatusChange,
+    NormalizedEvent, OrderRef, OrderState, OrderStatus, ProviderName, QueuedNotice,
 };
 
 /// Claims `event` and applies its effects. `payload` is the raw verified body.
@@ -64,7 +68,7 @@ pub fn record_event_and_apply(
             known_order_id,
             now,
             expires_at,
-            event.payment_ref,
+            event.payment_ref(),
             payload,
         ])?;
     if claimed == 0 {
@@ -75,9 +79,6 @@ pub fn record_event_and_apply(
     )));
 
     let (outcome, order_id) = resolve_and_apply(db, event, &now)?;
-    if outcome == Outcome::Parked {
-        park(db, event)?;
-    }
     if outcome != Outcome::Processed || order_id.as_deref() != known_order_id {
         set_event_outcome(
             db,
@@ -113,50 +114,135 @@ fn is_claimed_for_order(
     })
 }
 
-/// Finds the event's order and applies its change; returns the outcome and the order id.
+/// Merges the event's facts into its payment and, when the payment's order is known, applies
+/// what the order's payments now say; returns the outcome and the order id.
 fn resolve_and_apply(
     db: &mut Statements<'_>,
     event: &NormalizedEvent,
     now: &str,
 ) -> Result<(Outcome, Option<String>), StoreError> {
-    let Some(change) = &event.change else {
+    let Some(report) = &event.payment else {
         let order_id = match &event.order_ref {
             OrderRef::OrderId(id) => Some(id.clone()),
             _ => None,
         };
         return Ok((Outcome::Ignored, order_id));
     };
-    let order_id = match &event.order_ref {
-        OrderRef::OrderId(id) => id.clone(),
-        OrderRef::Payment {
-            reference,
-            park_if_unlinked,
-        } => match order_for_payment(db, reference)? {
-            Some(order_id) => order_id,
-            None if *park_if_unlinked => return Ok((Outcome::Parked, None)),
-            None => return Ok((Outcome::Ignored, None)),
-        },
-        OrderRef::None => return Ok((Outcome::Ignored, None)),
+    let provider = event.provider.as_str();
+    let reference = ledger::canonical(db, provider, &report.reference)?;
+    let (folded, linked_through_alias) =
+        ledger::adopt_aliases(db, provider, &reference, &report.aliases)?;
+    let stored = ledger::load(db, provider, &reference)?;
+    let linked = stored
+        .as_ref()
+        .and_then(|s| s.order_id.clone())
+        .or(linked_through_alias);
+    let before = stored.map(|s| s.facts).unwrap_or_default();
+    let mut after = before.clone();
+    after.merge(&folded);
+    after.merge(&report.facts);
+    let news = if before.material() != after.material() {
+        News::New
+    } else if report.facts.material() == after.material() {
+        News::Same
+    } else {
+        News::Older
     };
-    let outcome = apply_change(db, event, change, &order_id, now)?;
-    Ok((outcome, Some(order_id)))
-}
+    let facts_changed = news == News::New;
 
-fn order_for_payment(db: &mut Statements<'_>, reference: &str) -> rusqlite::Result<Option<String>> {
-    db.prepare("SELECT order_id FROM order_payment_intents WHERE payment_intent_id = ?1")?
-        .query_row([reference], |row| row.get(0))
-        .optional()
-}
+    let order_id = match (&event.order_ref, &linked) {
+        (OrderRef::OrderId(named), Some(linked)) if named != linked => {
+            // A payment pays one order: the first link stands, and the event's facts are that
+            // order's. Said, as a provider should not do this.
+            tracing::warn!(
+                provider,
+                payment = %Escaped(&reference),
+                named = %Escaped(named),
+                linked = %Escaped(linked),
+                "an event names another order than the one its payment is linked to; its facts count for the linked one"
+            );
+            linked.clone()
+        }
+        (OrderRef::OrderId(named), _) => named.clone(),
+        (_, Some(linked)) => linked.clone(),
+        (_, None) => {
+            // No order yet: the facts wait on the payment.
+            ledger::save(db, provider, &reference, None, &before, &after, now)?;
+            return Ok((Outcome::Parked, None));
+        }
+    };
 
-/// Keeps a parked event in its normalised form, so that the link that frees it applies it
-/// without reading its payload again.
-fn park(db: &mut Statements<'_>, event: &NormalizedEvent) -> rusqlite::Result<()> {
-    let parked = serde_json::to_string(event).expect("serialising plain fields cannot fail");
-    db.prepare(
-        "UPDATE processed_events SET parked_event = ?3 WHERE provider = ?1 AND event_id = ?2",
-    )?
-    .execute(params![event.provider.as_str(), event.event_id, parked])?;
-    Ok(())
+    let current = load_order(db, &order_id)?;
+    let others: Vec<(String, ledger::StoredPayment)> = ledger::of_order(db, &order_id)?
+        .into_iter()
+        .filter(|(p, stored)| !(p == provider && stored.reference == reference))
+        .collect();
+    let mut before_payments: Vec<OrderPayment<'_>> = others
+        .iter()
+        .map(|(p, stored)| OrderPayment {
+            provider: p,
+            reference: &stored.reference,
+            facts: &stored.facts,
+        })
+        .collect();
+    let mut after_payments = before_payments.clone();
+    // A payment newly linked did not count for the order before this event.
+    if linked.is_some() {
+        before_payments.push(OrderPayment {
+            provider,
+            reference: &reference,
+            facts: &before,
+        });
+    }
+    after_payments.push(OrderPayment {
+        provider,
+        reference: &reference,
+        facts: &after,
+    });
+    let decision = decide(
+        &order_id,
+        current.as_ref(),
+        event,
+        &before_payments,
+        &after_payments,
+        news,
+    );
+
+    if facts_changed || linked.as_deref() != Some(order_id.as_str()) {
+        ledger::save(
+            db,
+            provider,
+            &reference,
+            Some(&order_id),
+            &before,
+            &after,
+            now,
+        )?;
+    }
+    if linked.is_none() {
+        // The events whose facts waited for this link count now.
+        let mut references = vec![report.reference.as_str(), reference.as_str()];
+        references.extend(report.aliases.iter().map(String::as_str));
+        for parked in references {
+            db.prepare(
+                "UPDATE processed_events SET outcome = 'processed', order_id = ?3
+                 WHERE outcome = 'parked' AND payment_intent_id = ?2 AND provider = ?1",
+            )?
+            .execute(params![provider, parked, order_id])?;
+        }
+    }
+    if !matches!(decision.outcome, Outcome::Processed | Outcome::Stale) {
+        tracing::warn!(
+            order_id = %Escaped(&order_id),
+            provider,
+            event_type = %Escaped(&event.event_type),
+            outcome = decision.outcome.as_str(),
+            reason = %Escaped(decision.next.review.as_deref().unwrap_or("")),
+            "order moved to needs_review"
+        );
+    }
+    save_order(db, event, &order_id, &decision, now)?;
+    Ok((decision.outcome, Some(order_id)))
 }
 
 fn set_event_outcome(
@@ -181,7 +267,8 @@ pub(crate) fn load_order(
         .prepare(
             "SELECT status, provider, amount, refunded_amount, currency, customer_email,
                     payment_intent_id, source = 'api', paid_amount, paid_currency, amount_exponent,
-                    payer_email
+                    payer_email, review_reason, operator_status, operator_money, acknowledged,
+                    announced_returned
              FROM orders WHERE order_id = ?1",
         )?
         .query_row([order_id], |row| {
@@ -194,6 +281,19 @@ pub(crate) fn load_order(
             };
             let status: String = row.get(0)?;
             let provider: String = row.get(1)?;
+            let operator_status: Option<String> = row.get(13)?;
+            let operator_money: Option<String> = row.get(14)?;
+            let operator = match (operator_status, operator_money) {
+                (Some(status), Some(money)) => Some(OperatorDecision {
+                    status: status
+                        .parse()
+                        .map_err(|_| unreadable("operator_status", &status))?,
+                    money: serde_json::from_str(&money)
+                        .map_err(|_| unreadable("operator_money", &money))?,
+                }),
+                _ => None,
+            };
+            let acknowledged: Option<String> = row.get(15)?;
             Ok(OrderState {
                 status: status.parse().map_err(|_| unreadable("status", &status))?,
                 provider: ProviderName::from_owned(provider)
@@ -208,99 +308,82 @@ pub(crate) fn load_order(
                 payment_ref: row.get(6)?,
                 paid_amount: row.get(8)?,
                 paid_currency: row.get(9)?,
+                review: row.get(12)?,
+                operator,
+                acknowledged: match acknowledged {
+                    Some(text) => serde_json::from_str(&text)
+                        .map_err(|_| unreadable("acknowledged", &text))?,
+                    None => Vec::new(),
+                },
+                announced: row.get(16)?,
             })
         })
         .optional()?;
     Ok(row)
 }
 
-/// Moves `order_id` as [`decide`] says and queues the customer notice for the status reached.
-/// The order is read once and written with one statement.
-fn apply_change(
-    db: &mut Statements<'_>,
-    event: &NormalizedEvent,
-    change: &StatusChange,
-    order_id: &str,
-    now: &str,
-) -> Result<Outcome, StoreError> {
-    let current = load_order(db, order_id)?;
-    let linked = current.as_ref().and_then(|c| c.payment_ref.clone());
-    let decision = decide(current.as_ref(), event, change);
-    let outcome = decision.outcome();
-    match decision {
-        Decision::Create { state } => save_change(db, event, order_id, None, &state, now)?,
-        Decision::Move {
-            from,
-            next,
-            outcome,
-        } => {
-            if outcome != Outcome::Processed {
-                tracing::warn!(
-                    order_id = %crate::domain::text::Escaped(order_id),
-                    provider = %event.provider,
-                    event_type = %crate::domain::text::Escaped(&event.event_type),
-                    outcome = outcome.as_str(),
-                    "order moved to needs_review: {}",
-                    match outcome {
-                        Outcome::Reversed => "the provider reversed a payment it had settled; no email was queued",
-                        _ => "the payment does not match the order's amount or currency",
-                    }
-                );
-            }
-            save_change(db, event, order_id, Some(from), &next, now)?
-        }
-        Decision::Keep { next, .. } => {
-            if current.as_ref() != Some(&next) {
-                db.prepare(
-                    "UPDATE orders SET amount = ?2, currency = ?3, customer_email = ?4,
-                                       payment_intent_id = ?5, amount_exponent = ?6,
-                                       payer_email = ?7
-                     WHERE order_id = ?1",
-                )?
-                .execute(params![
-                    order_id,
-                    next.amount,
-                    next.currency,
-                    next.customer_email,
-                    next.payment_ref,
-                    next.exponent,
-                    next.payer_email,
-                ])?;
-            }
-        }
-    }
-
-    if let Some(reference) = &event.payment_ref {
-        // An order's recorded payment was linked when it was recorded.
-        if linked.as_deref() != Some(reference.as_str()) {
-            link_payment(db, &event.provider, reference, order_id, now)?;
-        }
-    }
-    Ok(outcome)
-}
-
-/// Writes an order's new state (creating the order if `from` is `None`) and records the change
-/// with its notice: the one place a status change is stored.
-fn save_change(
+/// Writes the order as `decision` says (inserting it when the event created it), and records the
+/// change with its notices when it is one.
+fn save_order(
     db: &mut Statements<'_>,
     event: &NormalizedEvent,
     order_id: &str,
-    from: Option<OrderStatus>,
-    state: &OrderState,
+    decision: &crate::domain::Decision,
     now: &str,
 ) -> rusqlite::Result<()> {
+    let state = &decision.next;
+    let by = ChangedBy::event(event.provider.as_str(), &event.event_id);
+    write_order(
+        db,
+        order_id,
+        state,
+        &by,
+        now,
+        decision.record || decision.created,
+    )?;
+    if decision.record {
+        record_transition(db, &by, order_id, decision.from, state, now)?;
+    }
+    for notice in &decision.notices {
+        queue(db, by.provider, by.event_id, order_id, state, notice, now)?;
+    }
+    Ok(())
+}
+
+/// Inserts or updates the order's row; `changed` also sets when and by which event it last
+/// changed.
+pub(crate) fn write_order(
+    db: &mut Statements<'_>,
+    order_id: &str,
+    state: &OrderState,
+    by: &ChangedBy<'_>,
+    now: &str,
+    changed: bool,
+) -> rusqlite::Result<()> {
+    let operator_money = state
+        .operator
+        .as_ref()
+        .map(|d| serde_json::to_string(&d.money).expect("plain numbers serialise"));
+    let acknowledged = (!state.acknowledged.is_empty())
+        .then(|| serde_json::to_string(&state.acknowledged).expect("strings serialise"));
     db.prepare(
         "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
                              customer_email, payment_intent_id, created_at, updated_at, last_event_id,
-                             paid_amount, paid_currency, amount_exponent, payer_email)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14)
+                             paid_amount, paid_currency, amount_exponent, payer_email, review_reason,
+                             operator_status, operator_money, acknowledged, announced_returned)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+                 ?19)
          ON CONFLICT (order_id) DO UPDATE SET
              status = excluded.status, amount = excluded.amount,
              refunded_amount = excluded.refunded_amount, currency = excluded.currency,
              customer_email = excluded.customer_email, payment_intent_id = excluded.payment_intent_id,
-             updated_at = excluded.updated_at, last_event_id = excluded.last_event_id,
+             updated_at = CASE WHEN ?20 THEN excluded.updated_at ELSE orders.updated_at END,
+             last_event_id = CASE WHEN ?20 THEN excluded.last_event_id ELSE orders.last_event_id END,
              paid_amount = excluded.paid_amount, paid_currency = excluded.paid_currency,
-             amount_exponent = excluded.amount_exponent, payer_email = excluded.payer_email",
+             amount_exponent = excluded.amount_exponent, payer_email = excluded.payer_email,
+             review_reason = excluded.review_reason, operator_status = excluded.operator_status,
+             operator_money = excluded.operator_money, acknowledged = excluded.acknowledged,
+             announced_returned = excluded.announced_returned",
     )?
     .execute(params![
         order_id,
@@ -312,20 +395,19 @@ fn save_change(
         state.customer_email,
         state.payment_ref,
         now,
-        event.event_id,
+        by.event_id,
         state.paid_amount,
         state.paid_currency,
         state.exponent,
         state.payer_email,
+        state.review,
+        state.operator.as_ref().map(|d| d.status.as_str()),
+        operator_money,
+        acknowledged,
+        state.announced,
+        changed,
     ])?;
-    record_change(
-        db,
-        &ChangedBy::event(event.provider.as_str(), &event.event_id),
-        order_id,
-        from,
-        state,
-        now,
-    )
+    Ok(())
 }
 
 /// Who made a change, as the audit trail records it (`order_transitions.provider`, `event_id`,
@@ -352,8 +434,8 @@ impl<'a> ChangedBy<'a> {
     }
 }
 
-/// The effects of a status change: its row in the audit trail and the customer notice the new
-/// status carries. Called exactly where an order's status or refund changes.
+/// The effects of a change made by hand (an operator's status, an API order's creation): its row
+/// in the audit trail and the customer notice the new status carries.
 pub(crate) fn record_change(
     db: &mut Statements<'_>,
     by: &ChangedBy<'_>,
@@ -363,11 +445,15 @@ pub(crate) fn record_change(
     now: &str,
 ) -> rusqlite::Result<()> {
     record_transition(db, by, order_id, from, to, now)?;
-    queue_notice(db, by.provider, by.event_id, order_id, to, now)
+    if let Some(notice) = crate::domain::notice::for_status(order_id, to, by.provider, by.event_id)
+    {
+        queue(db, by.provider, by.event_id, order_id, to, &notice, now)?;
+    }
+    Ok(())
 }
 
 /// Appends to the audit trail.
-fn record_transition(
+pub(crate) fn record_transition(
     db: &mut Statements<'_>,
     by: &ChangedBy<'_>,
     order_id: &str,
@@ -394,20 +480,17 @@ fn record_transition(
     Ok(())
 }
 
-/// Queues the notice the order's new state carries, if it has one (see
-/// [`crate::domain::notice_for`]). Its key is the change itself, so two different events
-/// announcing the same change cannot queue two emails.
-fn queue_notice(
+/// Queues `notice` for the order, to its customer's address. Its key is the change itself, so
+/// two events announcing the same change cannot queue two emails.
+fn queue(
     db: &mut Statements<'_>,
-    provider: &str,
+    _provider: &str,
     event_id: &str,
     order_id: &str,
     order: &OrderState,
+    notice: &QueuedNotice,
     now: &str,
 ) -> rusqlite::Result<()> {
-    let Some(notice) = crate::domain::notice_for(order_id, order, provider, event_id) else {
-        return Ok(());
-    };
     db.prepare(
         "INSERT INTO email_outbox (order_id, recipient, template, params, idempotency_key, status,
                                    attempts, created_at, event_id, next_attempt_at)
@@ -426,96 +509,8 @@ fn queue_notice(
     Ok(())
 }
 
-/// Records that the payment `reference` belongs to `order_id` and, the first time, applies the
-/// events of `provider` that were parked waiting for that link, oldest first, in this same
-/// transaction. A parked event is stored in its normalised form (`parked_event`), so nothing is
-/// parsed again here.
-fn link_payment(
-    db: &mut Statements<'_>,
-    provider: &ProviderName,
-    reference: &str,
-    order_id: &str,
-    now: &str,
-) -> Result<(), StoreError> {
-    let inserted = db
-        .prepare(
-            "INSERT INTO order_payment_intents (payment_intent_id, order_id) VALUES (?1, ?2)
-             ON CONFLICT (payment_intent_id) DO NOTHING",
-        )?
-        .execute(params![reference, order_id])?;
-    if inserted == 0 {
-        return Ok(());
-    }
-    let parked: Vec<(String, String)> = db
-        .prepare(
-            "SELECT event_id, parked_event FROM processed_events
-             WHERE outcome = 'parked' AND payment_intent_id = ?1 AND provider = ?2
-               AND parked_event IS NOT NULL
-             ORDER BY received_at, rowid",
-        )?
-        .query_map(params![reference, provider.as_str()], |row| {
-            Ok((row.get(0)?, row.get(1)?))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    for (event_id, parked_event) in parked {
-        let event: NormalizedEvent = serde_json::from_str(&parked_event)
-            .map_err(|e| StoreError::StoredEvent(format!("parked event {event_id}: {e}")))?;
-        let outcome = match &event.change {
-            Some(change) => apply_change(db, &event, change, order_id, now)?,
-            None => Outcome::Ignored,
-        };
-        tracing::debug!(parked_event_id = %crate::domain::text::Escaped(&event_id), outcome = outcome.as_str(), "applied parked event");
-        set_event_outcome(db, provider, &event_id, outcome, Some(order_id))?;
-    }
-    Ok(())
-}
-
-/// Reads a stored body back into its event: `(provider, payload)` to the event, by the provider
-/// that verified it (given by the caller; the store knows no provider).
-pub type RereadStored = fn(&str, &[u8]) -> Result<NormalizedEvent, String>;
-
-/// Gives every parked event stored before schema version 5 (its body only) its normalised form,
-/// read back by `reread`, so that the link that frees it applies it as it applies newer ones.
-/// One that cannot be read stays parked and is logged. Returns how many were converted.
-pub fn convert_legacy_parked(
-    conn: &rusqlite::Connection,
-    reread: RereadStored,
-) -> Result<usize, StoreError> {
-    let legacy: Vec<(String, String, String)> = conn
-        .prepare(
-            "SELECT provider, event_id, payload FROM processed_events
-             WHERE outcome = 'parked' AND parked_event IS NULL",
-        )?
-        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    if legacy.is_empty() {
-        return Ok(0);
-    }
-    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
-    let mut converted = 0;
-    for (provider, event_id, payload) in legacy {
-        let escaped = crate::domain::text::Escaped(&event_id);
-        match reread(&provider, payload.as_bytes()) {
-            Ok(mut event) => {
-                // The parked event is applied under the id it was claimed with.
-                event.event_id = event_id.clone();
-                let parked = serde_json::to_string(&event).expect("serialising plain fields");
-                tx.execute(
-                    "UPDATE processed_events SET parked_event = ?3
-                     WHERE provider = ?1 AND event_id = ?2",
-                    params![provider, event_id, parked],
-                )?;
-                converted += 1;
-            }
-            Err(e) => tracing::warn!(
-                %provider,
-                event_id = %escaped,
-                error = %crate::domain::text::Escaped(&e),
-                "a parked event stored by an older sekali cannot be read; it stays parked"
-            ),
-        }
-    }
-    tx.commit()?;
-    tracing::info!(converted, "parked events of an older sekali converted");
-    Ok(converted)
-}
+/// Reads a stored body back into its event: `(provider, event_type, payload)` to the event, by
+/// the provider that verified it (given by the caller; the store knows no provider). The stored
+/// event type is the one applied (a Midtrans notification confirmed by the status API as
+/// another status was applied as that one).
+pub type RereadStored = fn(&str, &str, &[u8]) -> Result<NormalizedEvent, String>;

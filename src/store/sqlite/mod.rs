@@ -10,10 +10,12 @@
 pub mod backup;
 pub mod events;
 pub mod idempotency;
+pub mod ledger;
 pub mod orders;
 pub mod outbox;
 pub mod purge;
 pub mod reads;
+pub mod rebuild;
 pub mod runs;
 pub mod schema;
 pub mod statements;

@@ -2,16 +2,20 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::events::{load_order, record_change, ChangedBy};
+use super::events::{load_order, record_change, write_order, ChangedBy};
+use super::ledger;
 use super::statements::Statements;
 use super::StoreError;
 use crate::clock::iso_seconds;
+use crate::domain::ledger::{compute, OperatorDecision, OrderPayment};
 use crate::domain::OrderStatus;
-use crate::store::model::{NewOrder, OperatorChange, OrderView, SetStatusError, Transition};
+use crate::store::model::{
+    NewOrder, OperatorChange, OrderView, PaymentView, SetStatusError, Transition,
+};
 
 const VIEW_COLUMNS: &str = "order_id, status, provider, amount, refunded_amount, currency, \
      customer_email, metadata, source, payment_intent_id, created_at, updated_at, paid_amount, \
-     paid_currency, payer_email";
+     paid_currency, payer_email, review_reason";
 
 fn view(row: &rusqlite::Row<'_>) -> rusqlite::Result<OrderView> {
     let metadata: Option<String> = row.get(7)?;
@@ -22,6 +26,7 @@ fn view(row: &rusqlite::Row<'_>) -> rusqlite::Result<OrderView> {
     Ok(OrderView {
         order_id: row.get(0)?,
         status: row.get(1)?,
+        review_reason: row.get(15)?,
         provider: row.get(2)?,
         amount,
         refunded_amount: row.get(4)?,
@@ -35,6 +40,7 @@ fn view(row: &rusqlite::Row<'_>) -> rusqlite::Result<OrderView> {
         payment_intent_id: row.get(9)?,
         created_at: row.get(10)?,
         updated_at: row.get(11)?,
+        payments: None,
         history: None,
     })
 }
@@ -50,6 +56,14 @@ pub fn get_order(conn: &Connection, order_id: &str) -> rusqlite::Result<Option<O
     else {
         return Ok(None);
     };
+    let db = &mut Statements::new(conn);
+    let payments = ledger::of_order(db, order_id)?;
+    let mut payments: Vec<PaymentView> = payments
+        .iter()
+        .map(|(provider, stored)| PaymentView::of(provider, &stored.reference, &stored.facts))
+        .collect();
+    payments.sort_by(|a, b| (&a.provider, &a.payment_ref).cmp(&(&b.provider, &b.payment_ref)));
+    order.payments = Some(payments);
     order.history = Some(transitions(conn, order_id)?);
     Ok(Some(order))
 }
@@ -160,18 +174,33 @@ pub fn set_status_by_operator(
                 status: previous,
             });
         }
+        // The decision stands until money moves: what the order's payments say now is kept
+        // with it, and the review reason the operator saw no longer counts.
+        let payments = ledger::of_order(db, order_id).map_err(StoreError::from)?;
+        let views: Vec<OrderPayment<'_>> = payments
+            .iter()
+            .map(|(provider, stored)| OrderPayment {
+                provider,
+                reference: &stored.reference,
+                facts: &stored.facts,
+            })
+            .collect();
+        let money = compute(&state.terms(), &views, None, &[], 0).money;
+        if let Some(reason) = state.review.take() {
+            state.acknowledged.push(reason);
+        }
         state.status = change.status;
-        conn.execute(
-            "UPDATE orders SET status = ?2, updated_at = ?3, last_event_id = 'operator' WHERE order_id = ?1",
-            params![order_id, change.status.as_str(), now],
-        )
-        .map_err(StoreError::from)?;
+        state.operator = Some(OperatorDecision {
+            status: change.status,
+            money,
+        });
         let by = ChangedBy {
             provider: "operator",
             event_id: "operator",
             actor: Some(&change.operator),
             reason: Some(&change.reason),
         };
+        write_order(db, order_id, &state, &by, &now, true).map_err(StoreError::from)?;
         record_change(db, &by, order_id, Some(previous), &state, &now).map_err(StoreError::from)?;
         Ok(previous)
     })();

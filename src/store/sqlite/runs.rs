@@ -82,9 +82,19 @@ pub fn delete_run(
             "DELETE FROM order_transitions WHERE order_id GLOB ?1",
             &[&orders],
         )?;
+        // The run's payments: its orders', and those no order was linked to yet whose
+        // reference holds the marker (the load generator's `pi_bench_{run}_{n}`).
+        const RUN_PAYMENTS: &str = "SELECT provider, payment_ref FROM payments
+                                    WHERE order_id GLOB ?1 OR payment_ref GLOB ?2";
+        for table in ["payment_refunds", "payment_disputes", "payment_aliases"] {
+            delete(
+                &format!("DELETE FROM {table} WHERE (provider, payment_ref) IN ({RUN_PAYMENTS})"),
+                &[&orders, &events],
+            )?;
+        }
         let payments = delete(
-            "DELETE FROM order_payment_intents WHERE order_id GLOB ?1",
-            &[&orders],
+            "DELETE FROM payments WHERE order_id GLOB ?1 OR payment_ref GLOB ?2",
+            &[&orders, &events],
         )?;
         // A run's event names its order; one parked or ignored names none, but its id holds
         // the marker.

@@ -24,23 +24,28 @@
 //!    the API's change, and the operator's reason), and the index of an order's transitions; all
 //!    added in place. Orders first seen in a webhook get their `customer_email` as their payer's
 //!    address, where it came from.
+//! 7. The ledger: `payments`, `payment_refunds`, `payment_disputes`, `payment_aliases` (which
+//!    replace `order_payment_intents`: its rows become payments linked to their orders), the
+//!    orders' `review_reason`, `operator_status`, `operator_money`, `acknowledged` and
+//!    `announced_returned`, and the outcome `needs_review`, all in place; the ledger itself is
+//!    rebuilt from the stored events afterwards ([`super::rebuild`], noted in `pending_work`).
 
 use rusqlite::{Connection, OptionalExtension};
 
 use super::StoreError;
 
-/// The text of `schema.sql`: version 6.
+/// The text of `schema.sql`: version 7.
 pub const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// CHECK constraints rewritten in place, in order: (the version whose text `new` is, table, the
 /// text before it, `new`). Each new text accepts every value the old one did, so no stored row
 /// can violate it, and the rewrite changes nothing on disk but the table's definition in
 /// `sqlite_schema`. (`email_outbox` was rebuilt instead, at version 2: see
 /// [`rebuild_email_outbox`].)
-const CHECK_REWRITES: [(i64, &str, &str, &str); 5] = [
+const CHECK_REWRITES: [(i64, &str, &str, &str); 6] = [
     (
         2,
         "processed_events",
@@ -58,14 +63,7 @@ const CHECK_REWRITES: [(i64, &str, &str, &str); 5] = [
                           OR status = 'partially_refunded' OR status = 'refunded'
                           OR status = 'disputed' OR status = 'needs_review')",
     ),
-    (
-        4,
-        "processed_events",
-        V2_OUTCOME_CHECK,
-        "CHECK (outcome = 'processed' OR outcome = 'stale'
-                          OR outcome = 'ignored' OR outcome = 'parked'
-                          OR outcome = 'amount_mismatch' OR outcome = 'reversed')",
-    ),
+    (4, "processed_events", V2_OUTCOME_CHECK, V4_OUTCOME_CHECK),
     (
         5,
         "processed_events",
@@ -78,7 +76,19 @@ const CHECK_REWRITES: [(i64, &str, &str, &str); 5] = [
         "provider          TEXT NOT NULL CHECK (provider IN ('stripe', 'midtrans')),",
         "provider          TEXT NOT NULL,",
     ),
+    (7, "processed_events", V4_OUTCOME_CHECK, V7_OUTCOME_CHECK),
 ];
+
+/// `processed_events.outcome`'s CHECK from version 4 to version 6.
+const V4_OUTCOME_CHECK: &str = "CHECK (outcome = 'processed' OR outcome = 'stale'
+                          OR outcome = 'ignored' OR outcome = 'parked'
+                          OR outcome = 'amount_mismatch' OR outcome = 'reversed')";
+
+/// `processed_events.outcome`'s CHECK from version 7.
+const V7_OUTCOME_CHECK: &str = "CHECK (outcome = 'processed' OR outcome = 'stale'
+                          OR outcome = 'ignored' OR outcome = 'parked'
+                          OR outcome = 'amount_mismatch' OR outcome = 'reversed'
+                          OR outcome = 'needs_review')";
 
 /// `processed_events.outcome`'s CHECK from version 2 to version 3.
 const V2_OUTCOME_CHECK: &str = "CHECK (outcome = 'processed' OR outcome = 'stale'
@@ -140,6 +150,30 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
                 )?;
                 // The new index.
                 conn.execute_batch(SCHEMA_SQL)?;
+            }
+            if version < 7 {
+                conn.execute_batch(
+                    "ALTER TABLE orders ADD COLUMN review_reason TEXT;
+                     ALTER TABLE orders ADD COLUMN operator_status TEXT;
+                     ALTER TABLE orders ADD COLUMN operator_money TEXT;
+                     ALTER TABLE orders ADD COLUMN acknowledged TEXT;
+                     ALTER TABLE orders ADD COLUMN announced_returned INTEGER NOT NULL DEFAULT 0;",
+                )?;
+                // The ledger's tables.
+                conn.execute_batch(SCHEMA_SQL)?;
+                // Every payment an order had becomes a payment of the ledger, linked to it.
+                conn.execute_batch(
+                    "INSERT INTO payments (provider, payment_ref, order_id, created_at, updated_at)
+                         SELECT orders.provider, order_payment_intents.payment_intent_id,
+                                orders.order_id, orders.created_at, orders.updated_at
+                         FROM order_payment_intents JOIN orders USING (order_id)
+                         WHERE true
+                     ON CONFLICT (provider, payment_ref) DO NOTHING;
+                     DROP TABLE order_payment_intents;
+                     INSERT INTO pending_work (name)
+                         SELECT 'ledger' WHERE EXISTS (SELECT 1 FROM orders)
+                                            OR EXISTS (SELECT 1 FROM processed_events);",
+                )?;
             }
         }
         if (1..3).contains(&version) {
@@ -275,6 +309,7 @@ mod tests {
             3 => include_str!("../../../fixtures/schema-v3.sql"),
             4 => include_str!("../../../fixtures/schema-v4.sql"),
             5 => include_str!("../../../fixtures/schema-v5.sql"),
+            6 => include_str!("../../../fixtures/schema-v6.sql"),
             _ => SCHEMA_SQL,
         };
         for (version, table, old, new) in CHECK_REWRITES {
@@ -291,6 +326,7 @@ mod tests {
             ("processed_events", CHECK_REWRITES[0].2, ()),
             ("orders", CHECK_REWRITES[1].2, ()),
             ("processed_events", V2_OUTCOME_CHECK, ()),
+            ("processed_events", V4_OUTCOME_CHECK, ()),
             ("both", CHECK_REWRITES[3].2, ()),
         ] {
             assert!(

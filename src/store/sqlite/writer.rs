@@ -58,9 +58,10 @@ pub struct WriterConfig {
     /// Caps the database at this many pages (`PRAGMA max_page_count`); writes past it fail
     /// like a full disk. `None`: no cap but the disk's.
     pub max_page_count: Option<u64>,
-    /// Reads back the parked events an older sekali stored as bodies only (see
-    /// [`convert_legacy_parked`](super::events::convert_legacy_parked)); `None` leaves them.
-    pub reread_parked: Option<super::events::RereadStored>,
+    /// Reads stored bodies back, to build the ledger of a database from before it (see
+    /// [`rebuild_ledger`](super::rebuild::rebuild_ledger)); `None` leaves that to a sekali that
+    /// has one (`serve` does).
+    pub reread: Option<super::events::RereadStored>,
 }
 
 type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
@@ -267,8 +268,8 @@ impl Writer {
     pub fn start(config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
         // Open once here so a bad path or a too-new schema fails startup, not the first delivery.
         let conn = open_writer_connection(&config)?;
-        if let Some(reread) = config.reread_parked {
-            super::events::convert_legacy_parked(&conn, reread)?;
+        if let Some(reread) = config.reread {
+            super::rebuild::rebuild_ledger(&conn, reread, clock.now_unix())?;
         }
         let (queue, jobs) = mpsc::sync_channel(config.queue_capacity.max(1));
         let counters = Arc::new(WriterCounters::default());
