@@ -700,3 +700,475 @@ pub fn amount_text(amount: i64, currency: Option<&str>) -> String {
         None => amount.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::OrderStatus::{self, *};
+
+    const USD: Option<&str> = Some("USD");
+
+    /// A payment of `captured` cents of USD, its other facts from `adjust`.
+    fn payment(captured: i64, adjust: impl FnOnce(&mut PaymentFacts)) -> PaymentFacts {
+        let mut facts = PaymentFacts {
+            currency: USD.map(str::to_owned),
+            requested: Some(2_500),
+            captured: (captured > 0).then_some(captured),
+            captured_at: (captured > 0).then_some(100),
+            ..PaymentFacts::default()
+        };
+        adjust(&mut facts);
+        facts
+    }
+
+    fn attempt(state: Attempt, at: i64) -> PaymentFacts {
+        payment(0, |f| f.attempt = Some((state, at)))
+    }
+
+    fn refund(amount: i64, state: RefundState) -> Refund {
+        Refund {
+            amount,
+            state,
+            failed_at: (state == RefundState::Failed).then_some(200),
+        }
+    }
+
+    fn dispute(amount: i64, stage: DisputeStage) -> Dispute {
+        Dispute {
+            amount,
+            stage,
+            withdrawn: false,
+            reinstated: false,
+        }
+    }
+
+    fn webhook_order() -> Terms {
+        Terms {
+            from_api: false,
+            provider: "stripe".into(),
+            amount: Some(2_500),
+            exponent: Some(2),
+            currency: Some("usd".into()),
+        }
+    }
+
+    /// The order's status and review kind for these payments (`pi_0`, `pi_1`, … of Stripe).
+    fn computed(
+        terms: &Terms,
+        payments: &[PaymentFacts],
+        announced: i64,
+    ) -> (OrderStatus, Option<ReviewKind>) {
+        let refs: Vec<String> = (0..payments.len()).map(|i| format!("pi_{i}")).collect();
+        let views: Vec<OrderPayment<'_>> = payments
+            .iter()
+            .zip(&refs)
+            .map(|(facts, reference)| OrderPayment {
+                provider: "stripe",
+                reference,
+                facts,
+            })
+            .collect();
+        let c = compute(terms, &views, None, &[], announced);
+        (c.status, c.review.map(|r| r.kind))
+    }
+
+    /// Every combination of facts that decides an order, with what it must show. The money
+    /// decides when there is money; the attempts when there is none; a review reason over both.
+    #[test]
+    fn the_order_is_what_its_payments_money_says() {
+        use Attempt::{Canceled, Expired, Failed, Pending as Trying};
+        use RefundState::{
+            Failed as RefundFailed, Pending as RefundPending, Succeeded as Refunded_,
+        };
+        use ReviewKind::*;
+        #[rustfmt::skip]
+        /// A case, its payments, the money returned the customer was told of, and the order.
+        type Case = (&'static str, Vec<PaymentFacts>, i64, (OrderStatus, Option<ReviewKind>));
+        let table: Vec<Case> = vec![
+            ("nothing yet", vec![], 0, (Pending, None)),
+            (
+                "an attempt in flight",
+                vec![attempt(Trying, 1)],
+                0,
+                (Pending, None),
+            ),
+            (
+                "a declined card",
+                vec![attempt(Failed, 1)],
+                0,
+                (OrderStatus::Failed, None),
+            ),
+            (
+                "an expired session",
+                vec![attempt(Expired, 1)],
+                0,
+                (OrderStatus::Expired, None),
+            ),
+            ("a cancel", vec![attempt(Canceled, 1)], 0, (Cancelled, None)),
+            (
+                "a decline, and a retry in flight",
+                vec![attempt(Failed, 1), attempt(Trying, 2)],
+                0,
+                (Pending, None),
+            ),
+            (
+                "a cancel outranks a decline",
+                vec![attempt(Failed, 1), attempt(Canceled, 2)],
+                0,
+                (Cancelled, None),
+            ),
+            ("paid", vec![payment(2_500, |_| {})], 0, (Paid, None)),
+            (
+                "paid after a decline: a retry",
+                vec![attempt(Failed, 1), payment(2_500, |_| {})],
+                0,
+                (Paid, None),
+            ),
+            (
+                "paid after it expired: the race Xendit documents",
+                vec![attempt(Expired, 1), payment(2_500, |_| {})],
+                0,
+                (Paid, None),
+            ),
+            (
+                "paid after a cancel",
+                vec![attempt(Canceled, 50), payment(2_500, |_| {})],
+                0,
+                (NeedsReview, Some(PaidAfterCancel)),
+            ),
+            (
+                "a cancel after the payment",
+                vec![attempt(Canceled, 500), payment(2_500, |_| {})],
+                0,
+                (Paid, None),
+            ),
+            (
+                "a cancel whose time is unknown",
+                vec![attempt(Canceled, 0), payment(2_500, |_| {})],
+                0,
+                (Paid, None),
+            ),
+            (
+                "two payments took money",
+                vec![payment(2_500, |_| {}), payment(2_500, |_| {})],
+                0,
+                (NeedsReview, Some(DoubleCharge)),
+            ),
+            (
+                "a partial refund",
+                vec![payment(2_500, |f| {
+                    f.refunds.insert("re_1".into(), refund(1_000, Refunded_));
+                })],
+                0,
+                (PartiallyRefunded, None),
+            ),
+            (
+                "a refund on its way counts",
+                vec![payment(2_500, |f| {
+                    f.refunds
+                        .insert("re_1".into(), refund(1_000, RefundPending));
+                })],
+                0,
+                (PartiallyRefunded, None),
+            ),
+            (
+                "refunded in full",
+                vec![payment(2_500, |f| {
+                    f.refunds.insert("re_1".into(), refund(2_500, Refunded_));
+                })],
+                0,
+                (Refunded, None),
+            ),
+            (
+                "a refund that failed gives nothing back",
+                vec![payment(2_500, |f| {
+                    f.refunds.insert("re_1".into(), refund(1_000, RefundFailed));
+                })],
+                0,
+                (Paid, None),
+            ),
+            (
+                "a refund the customer was told of failed",
+                vec![payment(2_500, |f| {
+                    f.refunds.insert("re_1".into(), refund(1_000, RefundFailed));
+                })],
+                1_000,
+                (NeedsReview, Some(ReviewKind::RefundFailed)),
+            ),
+            (
+                "more given back than taken",
+                vec![payment(2_500, |f| {
+                    f.refunds.insert("re_1".into(), refund(3_000, Refunded_));
+                })],
+                0,
+                (NeedsReview, Some(OverReturned)),
+            ),
+            (
+                "a released authorisation is no money",
+                vec![payment(0, |f| {
+                    f.released = Some(2_500);
+                    f.attempt = Some((Expired, 1));
+                })],
+                0,
+                (OrderStatus::Expired, None),
+            ),
+            (
+                "a partial capture's release is no refund",
+                vec![payment(6_000, |f| {
+                    f.requested = Some(10_000);
+                    f.released = Some(4_000);
+                })],
+                0,
+                (Paid, None),
+            ),
+            (
+                "an inquiry withdraws nothing",
+                vec![payment(2_500, |f| {
+                    f.disputes
+                        .insert("dp_1".into(), dispute(2_500, DisputeStage::Inquiry));
+                })],
+                0,
+                (Paid, None),
+            ),
+            (
+                "a chargeback withdraws the money",
+                vec![payment(2_500, |f| {
+                    f.disputes
+                        .insert("dp_1".into(), dispute(2_500, DisputeStage::Open));
+                })],
+                0,
+                (Disputed, None),
+            ),
+            (
+                "a won chargeback gives it back",
+                vec![payment(2_500, |f| {
+                    f.disputes
+                        .insert("dp_1".into(), dispute(2_500, DisputeStage::Won));
+                })],
+                0,
+                (Paid, None),
+            ),
+            (
+                "a lost one keeps it",
+                vec![payment(2_500, |f| {
+                    f.disputes
+                        .insert("dp_1".into(), dispute(2_500, DisputeStage::Lost));
+                })],
+                0,
+                (Disputed, None),
+            ),
+            (
+                "funds withdrawn from an inquiry",
+                vec![payment(2_500, |f| {
+                    f.disputes.insert(
+                        "dp_1".into(),
+                        Dispute {
+                            withdrawn: true,
+                            ..dispute(2_500, DisputeStage::Inquiry)
+                        },
+                    );
+                })],
+                0,
+                (Disputed, None),
+            ),
+            (
+                "funds reinstated",
+                vec![payment(2_500, |f| {
+                    f.disputes.insert(
+                        "dp_1".into(),
+                        Dispute {
+                            withdrawn: true,
+                            reinstated: true,
+                            ..dispute(2_500, DisputeStage::Open)
+                        },
+                    );
+                })],
+                0,
+                (Paid, None),
+            ),
+            (
+                "a refund and then a chargeback of it all",
+                vec![payment(2_500, |f| {
+                    f.refunds.insert("re_1".into(), refund(2_500, Refunded_));
+                    f.disputes
+                        .insert("dp_1".into(), dispute(2_500, DisputeStage::Lost));
+                })],
+                0,
+                (NeedsReview, Some(OverReturned)),
+            ),
+            (
+                "reversed after it settled",
+                vec![payment(2_500, |f| f.undone = true)],
+                0,
+                (NeedsReview, Some(Reversed)),
+            ),
+            (
+                "a deny of an attempt that took nothing",
+                vec![payment(0, |f| {
+                    f.undone = true;
+                    f.attempt = Some((Failed, 0));
+                })],
+                0,
+                (OrderStatus::Failed, None),
+            ),
+            (
+                "a Xendit invoice paid short",
+                vec![payment(2_000, |f| f.expected = Some(2_500))],
+                0,
+                (NeedsReview, Some(AmountMismatch)),
+            ),
+            (
+                "a Xendit invoice paid in full",
+                vec![payment(2_500, |f| f.expected = Some(2_500))],
+                0,
+                (Paid, None),
+            ),
+        ];
+        for (case, payments, announced, expected) in table {
+            assert_eq!(
+                computed(&webhook_order(), &payments, announced),
+                expected,
+                "{case}"
+            );
+        }
+    }
+
+    /// An API order names what it is to be paid with: another amount, currency or provider is a
+    /// mismatch, compared as money (exponents included).
+    #[test]
+    fn a_payment_must_match_what_an_api_order_names() {
+        let api = |provider: &str, amount: i64, exponent: u32, currency: &str| Terms {
+            from_api: true,
+            provider: provider.into(),
+            amount: Some(amount),
+            exponent: Some(exponent),
+            currency: Some(currency.into()),
+        };
+        let isk = |captured: i64| payment(captured, |f| f.currency = Some("ISK".into()));
+        #[rustfmt::skip]
+        let table = [
+            ("matching", api("stripe", 2_500, 2, "usd"), payment(2_500, |_| {}), (Paid, None)),
+            ("less", api("stripe", 3_000, 2, "usd"), payment(2_500, |_| {}), (NeedsReview, Some(ReviewKind::AmountMismatch))),
+            ("another currency", api("stripe", 2_500, 2, "eur"), payment(2_500, |_| {}), (NeedsReview, Some(ReviewKind::AmountMismatch))),
+            ("another provider", api("xendit", 2_500, 2, "usd"), payment(2_500, |_| {}), (NeedsReview, Some(ReviewKind::AmountMismatch))),
+            // ISK 500 in Stripe's units (two decimals) is ISK 500 in ISO's (none).
+            ("the same money in other units", api("stripe", 50_000, 2, "ISK"), isk(500), (Paid, None)),
+            ("ISK 500 is not ISK 50,000", api("stripe", 50_000, 0, "ISK"), isk(500), (NeedsReview, Some(ReviewKind::AmountMismatch))),
+        ];
+        for (case, terms, paying, expected) in table {
+            assert_eq!(computed(&terms, &[paying], 0), expected, "{case}");
+        }
+    }
+
+    /// An operator's decision stands until money moves; the reason acknowledged then no longer
+    /// counts, but a new one does.
+    #[test]
+    fn an_operators_decision_stands_until_money_moves() {
+        let short = payment(2_000, |f| f.expected = Some(2_500));
+        let views = |p: &'static PaymentFacts| {
+            vec![OrderPayment {
+                provider: "xendit",
+                reference: "inv_1",
+                facts: p,
+            }]
+        };
+        let terms = webhook_order();
+        let short: &'static PaymentFacts = Box::leak(Box::new(short));
+        let before = compute(&terms, &views(short), None, &[], 0);
+        assert_eq!(before.status, NeedsReview);
+        let decision = OperatorDecision {
+            status: Paid,
+            money: before.money,
+        };
+        let reason = before.review.unwrap().reason;
+        let held = compute(
+            &terms,
+            &views(short),
+            Some(&decision),
+            std::slice::from_ref(&reason),
+            0,
+        );
+        assert_eq!((held.status, held.review), (Paid, None));
+        // Money moves: a refund. The decision no longer stands; the acknowledged reason still
+        // does not count.
+        let refunded: &'static PaymentFacts = Box::leak(Box::new(payment(2_000, |f| {
+            f.expected = Some(2_500);
+            f.refunds
+                .insert("re_1".into(), refund(500, RefundState::Succeeded));
+        })));
+        let later = compute(&terms, &views(refunded), Some(&decision), &[reason], 0);
+        assert_eq!((later.status, later.review), (PartiallyRefunded, None));
+    }
+
+    /// The merge is commutative, associative and idempotent: any order of the same facts, any
+    /// of them repeated, is the same payment.
+    #[test]
+    fn facts_merge_to_the_same_payment_in_any_order() {
+        let facts = [
+            payment(0, |f| f.attempt = Some((Attempt::Pending, 10))),
+            payment(2_500, |f| f.attempt = Some((Attempt::Failed, 5))),
+            payment(0, |f| {
+                f.refunds
+                    .insert("re_1".into(), refund(1_000, RefundState::Pending));
+            }),
+            payment(0, |f| {
+                f.refunds
+                    .insert("re_1".into(), refund(1_000, RefundState::Failed));
+            }),
+            payment(0, |f| {
+                f.refunds
+                    .insert("re_2".into(), refund(500, RefundState::Succeeded));
+            }),
+            payment(0, |f| {
+                f.refunded_snapshot = Some(RefundedSnapshot {
+                    amount: 1_500,
+                    at: 150,
+                })
+            }),
+            payment(0, |f| {
+                f.disputes
+                    .insert("dp_1".into(), dispute(2_500, DisputeStage::Inquiry));
+            }),
+            payment(0, |f| {
+                f.disputes.insert(
+                    "dp_1".into(),
+                    Dispute {
+                        withdrawn: true,
+                        ..dispute(2_500, DisputeStage::Open)
+                    },
+                );
+            }),
+            payment(0, |f| {
+                f.released = Some(100);
+                f.undone = true;
+            }),
+        ];
+        let merged = |order: &[usize]| {
+            let mut p = PaymentFacts::default();
+            for &i in order {
+                p.merge(&facts[i]);
+            }
+            p
+        };
+        let forward: Vec<usize> = (0..facts.len()).collect();
+        let expected = merged(&forward);
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..200 {
+            let mut order = forward.clone();
+            rng.shuffle(&mut order);
+            // and some of them again
+            let again: Vec<usize> = (0..3).map(|_| rng.usize(..facts.len())).collect();
+            order.extend(again);
+            assert_eq!(merged(&order), expected, "{order:?}");
+        }
+        // What the merged payment says: the refund failed after the snapshot counted it.
+        assert_eq!(
+            (
+                expected.captured(),
+                expected.returned(),
+                expected.withdrawn()
+            ),
+            (2_500, 500, 2_500)
+        );
+    }
+}
