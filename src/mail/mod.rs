@@ -163,17 +163,24 @@ pub fn render(email: &ClaimedEmail, sender: &Sender) -> Result<RenderedEmail, Re
         .map(|a| money::format_amount(a, currency, exponent_of(currency), locale))
         .unwrap_or_default();
     let refunded_currency = params["refunded_currency"].as_str().unwrap_or(currency);
-    let refunded_minor = params["refunded_amount"].as_i64().unwrap_or(0);
+    let refunded_text = |minor: i64| {
+        money::format_amount(
+            minor,
+            refunded_currency,
+            exponent_of(refunded_currency),
+            locale,
+        )
+    };
+    // In all, and this time: a notice of the ledger tells the refund it is for and, after an
+    // earlier one, the total; an older row names only the total.
+    let total = params["refunded_amount"].as_i64().unwrap_or(0);
+    let this_time = params["refund_amount"].as_i64().unwrap_or(total);
     let ctx = context! {
         locale => locale,
         order_id => email.order_id.as_str(),
         amount => amount,
-        refunded => money::format_amount(
-            refunded_minor,
-            refunded_currency,
-            exponent_of(refunded_currency),
-            locale
-        ),
+        refunded => refunded_text(this_time),
+        refunded_total => (this_time != total).then(|| refunded_text(total)),
         fully_refunded => params["status"].as_str() == Some("refunded"),
         shop => sender.shop.as_str(),
     };
@@ -241,6 +248,59 @@ mod tests {
             .unwrap()
             .text
             .contains("payment of IDR\u{a0}1,500,000"));
+    }
+
+    /// A refund notice tells the money given back this time and, after an earlier refund, how
+    /// much in all; a row from before the ledger names only the total, and tells that.
+    #[test]
+    fn a_refund_notice_tells_this_refund_and_what_was_refunded_in_all() {
+        let notice = |params: &str| ClaimedEmail {
+            id: 1,
+            order_id: "ord_1001".into(),
+            recipient: Some("ana@example.com".into()),
+            template: "refund_notice".into(),
+            params: params.into(),
+            idempotency_key: "k".into(),
+            attempts: 0,
+            first_tried_ms: None,
+            locale: Some("en".into()),
+        };
+        let sender = Sender::new("shop@toko.example");
+        let second = render(
+            &notice(r#"{"order_id":"ord_1001","status":"partially_refunded","refund_amount":500,"refunded_amount":1500,"currency":"USD","exponent":2}"#),
+            &sender,
+        )
+        .unwrap();
+        assert!(
+            second
+                .text
+                .contains("We refunded $5.00 for order ord_1001."),
+            "{}",
+            second.text
+        );
+        assert!(
+            second.text.contains("In all, $15.00 has been refunded."),
+            "{}",
+            second.text
+        );
+        let first = render(
+            &notice(r#"{"order_id":"ord_1001","status":"partially_refunded","refund_amount":1000,"refunded_amount":1000,"currency":"USD","exponent":2}"#),
+            &sender,
+        )
+        .unwrap();
+        assert!(!first.text.contains("In all"), "{}", first.text);
+        let older = render(
+            &notice(r#"{"order_id":"ord_1001","status":"refunded","refunded_amount":2500,"currency":"usd","exponent":2}"#),
+            &sender,
+        )
+        .unwrap();
+        assert!(
+            older
+                .text
+                .contains("We refunded $25.00 for order ord_1001\n(the full payment)."),
+            "{}",
+            older.text
+        );
     }
 
     /// Every template keeps its lines under 76 characters (for a typical order id), so an email
