@@ -341,6 +341,11 @@ impl PaymentFacts {
         }
     }
 
+    /// Money the payment took that is still with the shop: neither given back nor taken back.
+    pub fn held(&self) -> i64 {
+        self.captured() - self.returned() - self.withdrawn()
+    }
+
     /// The provider took back money this payment had taken (a Midtrans deny or cancel of the
     /// transaction after its settlement).
     pub fn reversed(&self) -> bool {
@@ -489,14 +494,17 @@ pub fn compute(
             currency,
         };
     }
+    // A payment given back in full no longer counts towards the order's money: the duplicate
+    // a shop refunded leaves the order paid by the payment that stands.
+    let holding: Vec<&&OrderPayment<'_>> = paying.iter().filter(|p| p.facts.held() > 0).collect();
     let status = if review.is_some() {
         NeedsReview
     } else if money.captured > 0 {
         if money.withdrawn > 0 {
             Disputed
-        } else if money.returned >= money.captured {
+        } else if holding.is_empty() {
             Refunded
-        } else if money.returned > 0 {
+        } else if holding.iter().any(|p| p.facts.returned() > 0) {
             PartiallyRefunded
         } else {
             Paid
@@ -540,14 +548,22 @@ fn reviews(
             ),
         );
     }
-    if paying.len() > 1 {
-        let list: Vec<String> = paying
+    // Reviews of money the order holds look only at payments that still hold some: a payment
+    // given back in full (the duplicate refunded, a wrong amount refunded and paid again) is
+    // settled with the customer.
+    let holding: Vec<&OrderPayment<'_>> = paying
+        .iter()
+        .copied()
+        .filter(|p| p.facts.held() > 0)
+        .collect();
+    if holding.len() > 1 {
+        let list: Vec<String> = holding
             .iter()
             .map(|p| describe(p, p.facts.captured()))
             .collect();
         say(
             ReviewKind::DoubleCharge,
-            format!("{} payments took money: {}", paying.len(), list.join(", ")),
+            format!("{} payments took money: {}", holding.len(), list.join(", ")),
         );
     }
     // Money taken after another payment of the order was called off. Only where the provider
@@ -564,7 +580,7 @@ fn reviews(
                 .captured_at
                 .is_some_and(|taken_at| taken_at > canceled_at)
         };
-        for p in paying.iter().filter(after) {
+        for p in holding.iter().filter(after) {
             say(
                 ReviewKind::PaidAfterCancel,
                 format!(
@@ -577,22 +593,28 @@ fn reviews(
             );
         }
     }
-    for p in paying {
+    for p in &holding {
         if let Some(reason) = mismatch(terms, p) {
             say(ReviewKind::AmountMismatch, reason);
         }
     }
-    if money.returned + money.withdrawn > money.captured {
-        say(
-            ReviewKind::OverReturned,
-            format!(
-                "{} given back (refunds {}, chargebacks {}) is more than the {} taken",
-                amount_text(money.returned + money.withdrawn, currency_of(paying)),
-                amount_text(money.returned, currency_of(paying)),
-                amount_text(money.withdrawn, currency_of(paying)),
-                amount_text(money.captured, currency_of(paying)),
-            ),
-        );
+    for p in payments {
+        let (captured, returned, withdrawn) =
+            (p.facts.captured(), p.facts.returned(), p.facts.withdrawn());
+        if returned + withdrawn > captured {
+            let currency = p.facts.currency.as_deref();
+            say(
+                ReviewKind::OverReturned,
+                format!(
+                    "{} given back (refunds {}, chargebacks {}) is more than the {} {} took",
+                    amount_text(returned + withdrawn, currency),
+                    amount_text(returned, currency),
+                    amount_text(withdrawn, currency),
+                    amount_text(captured, currency),
+                    describe_ref(p),
+                ),
+            );
+        }
     }
     if announced > money.returned {
         let failed: Vec<String> = payments
@@ -853,6 +875,64 @@ mod tests {
                 vec![payment(2_500, |_| {}), payment(2_500, |_| {})],
                 0,
                 (NeedsReview, Some(DoubleCharge)),
+            ),
+            (
+                "the duplicate refunded in full: paid by the payment that stands",
+                vec![
+                    payment(2_500, |_| {}),
+                    payment(2_500, |f| {
+                        f.refunds.insert("re_1".into(), refund(2_500, Refunded_));
+                    }),
+                ],
+                0,
+                (Paid, None),
+            ),
+            (
+                "the duplicate refunded in part: still two payments hold money",
+                vec![
+                    payment(2_500, |_| {}),
+                    payment(2_500, |f| {
+                        f.refunds.insert("re_1".into(), refund(1_000, Refunded_));
+                    }),
+                ],
+                0,
+                (NeedsReview, Some(DoubleCharge)),
+            ),
+            (
+                "both payments refunded in full",
+                vec![
+                    payment(2_500, |f| {
+                        f.refunds.insert("re_0".into(), refund(2_500, Refunded_));
+                    }),
+                    payment(2_500, |f| {
+                        f.refunds.insert("re_1".into(), refund(2_500, Refunded_));
+                    }),
+                ],
+                0,
+                (Refunded, None),
+            ),
+            (
+                "one payment refunded twice over while the other stands",
+                vec![
+                    payment(2_500, |_| {}),
+                    payment(2_500, |f| {
+                        f.refunds.insert("re_1".into(), refund(2_500, Refunded_));
+                        f.refunds.insert("re_2".into(), refund(2_500, Refunded_));
+                    }),
+                ],
+                0,
+                (NeedsReview, Some(OverReturned)),
+            ),
+            (
+                "paid after a cancel, and that payment refunded",
+                vec![
+                    attempt(Canceled, 50),
+                    payment(2_500, |f| {
+                        f.refunds.insert("re_1".into(), refund(2_500, Refunded_));
+                    }),
+                ],
+                0,
+                (Refunded, None),
             ),
             (
                 "a partial refund",
