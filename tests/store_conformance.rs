@@ -827,7 +827,7 @@ mod suite {
                     released: 0,
                     returned: 0,
                     withdrawn: 0,
-                    attempt: "pending".into(),
+                    attempt: "succeeded".into(),
                     reversed: false,
                     refunds: vec![],
                     disputes: vec![],
@@ -1190,7 +1190,7 @@ mod suite {
         assert_eq!(t.record(dispute).await, Outcome::NeedsReview);
         assert_eq!(
             t.order("ord_1").await.unwrap().review_reason.as_deref(),
-            Some("$30.00 given back (refunds $15.00, chargebacks $15.00) is more than the $15.00 taken")
+            Some("$30.00 given back (refunds $15.00, chargebacks $15.00) is more than the $15.00 stripe payment pi_1 took")
         );
     }
 

@@ -471,6 +471,11 @@ pub fn compute(
     announced: i64,
 ) -> Computed {
     use super::OrderStatus::*;
+    // In the order of their keys, so that what a reason says (and so whether the operator
+    // answered it) does not depend on the order they were read in.
+    let mut payments = payments.to_vec();
+    payments.sort_by(|a, b| (a.provider, a.reference).cmp(&(b.provider, b.reference)));
+    let payments = payments.as_slice();
     let money = payments.iter().fold(Money::default(), |m, p| Money {
         captured: m.captured + p.facts.captured(),
         returned: m.returned + p.facts.returned(),

@@ -202,7 +202,8 @@ pub struct PaymentView {
     pub released: i64,
     pub returned: i64,
     pub withdrawn: i64,
-    /// How far it got without taking money: pending, failed, expired or canceled.
+    /// `succeeded` once it took money; else how far it got: pending, failed, expired or
+    /// canceled.
     pub attempt: String,
     /// The provider took back money it had taken.
     pub reversed: bool,
@@ -243,7 +244,11 @@ impl PaymentView {
             released: facts.released.unwrap_or(0),
             returned: facts.returned(),
             withdrawn: facts.withdrawn(),
-            attempt: facts.attempt().as_str().to_owned(),
+            attempt: if facts.captured() > 0 {
+                "succeeded".to_owned()
+            } else {
+                facts.attempt().as_str().to_owned()
+            },
             reversed: facts.reversed(),
             refunds: facts
                 .refunds

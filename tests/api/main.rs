@@ -10,6 +10,7 @@ mod helpers;
 mod hostile;
 mod inspect;
 mod known_answers;
+mod ledger;
 mod limits;
 mod midtrans;
 mod midtrans_status;

@@ -13,7 +13,7 @@ use super::StoreError;
 use crate::clock::iso_seconds;
 use crate::domain::decide;
 use crate::domain::decision::News;
-use crate::domain::ledger::{OperatorDecision, OrderPayment};
+use crate::domain::ledger::{OperatorDecision, OrderPayment, PaymentFacts};
 use crate::domain::text::Escaped;
 pub use crate::domain::Outcome;
 use crate::domain::{
@@ -219,17 +219,20 @@ fn resolve_and_apply(
             now,
         )?;
     }
-    if linked.is_none() {
-        // The events whose facts waited for this link count now.
-        let mut references = vec![report.reference.as_str(), reference.as_str()];
-        references.extend(report.aliases.iter().map(String::as_str));
-        for parked in references {
-            db.prepare(
-                "UPDATE processed_events SET outcome = 'processed', order_id = ?3
-                 WHERE outcome = 'parked' AND payment_intent_id = ?2 AND provider = ?1",
-            )?
-            .execute(params![provider, parked, order_id])?;
-        }
+    // A payment linked by this event, or one that took in the facts of another name of it
+    // (which may have been waiting unlinked).
+    if linked.is_none() || folded != PaymentFacts::default() {
+        // The events whose facts waited for this link count now: those parked under the
+        // payment's key or under any other name of it (a refund parked under a PaymentIntent
+        // that an invoice, named by the order, turned out to be paid by).
+        db.prepare(
+            "UPDATE processed_events SET outcome = 'processed', order_id = ?3
+             WHERE outcome = 'parked' AND provider = ?1
+               AND (payment_intent_id = ?2
+                    OR payment_intent_id IN (SELECT alias FROM payment_aliases
+                                             WHERE provider = ?1 AND payment_ref = ?2))",
+        )?
+        .execute(params![provider, reference, order_id])?;
     }
     if !matches!(decision.outcome, Outcome::Processed | Outcome::Stale) {
         tracing::warn!(
