@@ -348,7 +348,8 @@ fn replay_to_a_port_nobody_listens_on_says_to_start_sekali_serve_or_check_the_ur
 
 // --- the fixtures' README ---------------------------------------------------------------------
 
-/// One row of the table "Files and expected outcome" in `fixtures/README.md`.
+/// One row of the table "Files and expected outcome", or of the table "Ledger fixtures", in
+/// `fixtures/README.md`.
 #[derive(Debug)]
 struct Row {
     file: String,
@@ -359,44 +360,78 @@ struct Row {
     expected: String,
 }
 
-/// The table's rows, in the README's order. Its format: `| \`file\` | Provider | type | order
-/// id (how found) | expected outcome |`, the order id and file in backquotes.
-fn fixture_table() -> Vec<Row> {
+impl Row {
+    /// A row from its cells: the file, the provider and the order id at those places (the file
+    /// and order id in backquotes, or "none"), the expected outcome last.
+    fn from_cells(line: &str, cells: &[&str], file: usize, provider: usize, order: usize) -> Row {
+        let backquoted = |cell: &str| cell.split('`').nth(1).map(str::to_owned);
+        Row {
+            file: backquoted(cells[file]).unwrap_or_else(|| panic!("a file in backquotes: {line}")),
+            provider: cells[provider].to_lowercase(),
+            order_id: if cells[order].starts_with("none") {
+                None
+            } else {
+                Some(backquoted(cells[order]).expect("an order id in backquotes"))
+            },
+            expected: cells.last().unwrap().to_string(),
+        }
+    }
+}
+
+fn readme_rows(starts: impl Fn(&str) -> bool, columns: usize) -> Vec<(String, Vec<String>)> {
     let readme = std::fs::read_to_string(fixture_path("README.md")).unwrap();
-    let backquoted = |cell: &str| cell.split('`').nth(1).map(str::to_owned);
     readme
         .lines()
-        .filter(|line| line.starts_with("| `"))
+        .filter(|line| starts(line))
         .map(|line| {
-            let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
-            assert_eq!(cells.len(), 5, "{line}");
-            Row {
-                file: backquoted(cells[0]).expect("a file in backquotes"),
-                provider: cells[1].to_lowercase(),
-                order_id: if cells[3].starts_with("none") {
-                    None
-                } else {
-                    Some(backquoted(cells[3]).expect("an order id in backquotes"))
-                },
-                expected: cells[4].to_owned(),
-            }
+            let cells: Vec<String> = line
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_owned())
+                .collect();
+            assert_eq!(cells.len(), columns, "{line}");
+            (line.to_owned(), cells)
         })
         .collect()
 }
 
-/// The README's table is what a first-time user replays, top to bottom. Each file goes through
-/// `sekali replay` to one server (status check off, as the README says to for local tests), and
-/// after each the order it names must have the status the last column names; where that column
-/// names an outcome instead (`ignored`), the delivery's outcome must be it, and where it names
-/// one in parentheses (``(outcome `reversed`)``), that too.
-#[test]
-fn every_fixture_in_the_readme_table_ends_where_the_table_says_when_replayed_in_its_order() {
-    let rows = fixture_table();
-    assert!(rows.len() >= 37, "the table was read: {rows:?}");
-    let server = serve_all_providers();
+/// The first table's rows, in the README's order. Its format: `| \`file\` | Provider | type |
+/// order id (how found) | expected outcome |`, the order id and file in backquotes.
+fn fixture_table() -> Vec<Row> {
+    readme_rows(|line| line.starts_with("| `"), 5)
+        .iter()
+        .map(|(line, cells)| {
+            let cells: Vec<&str> = cells.iter().map(String::as_str).collect();
+            Row::from_cells(line, &cells, 0, 1, 3)
+        })
+        .collect()
+}
+
+/// The ledger table's rows, in the README's order: `| scenario | \`file\` | Provider | type |
+/// order id (how found) | what it shows | expected outcome |`.
+fn ledger_table() -> Vec<Row> {
+    let numbered = |line: &str| {
+        line.strip_prefix("| ")
+            .and_then(|rest| rest.split(' ').next())
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    readme_rows(numbered, 7)
+        .iter()
+        .map(|(line, cells)| {
+            let cells: Vec<&str> = cells.iter().map(String::as_str).collect();
+            Row::from_cells(line, &cells, 1, 2, 4)
+        })
+        .collect()
+}
+
+/// Sends each row's file through `sekali replay` to `server`, in their order, and says where
+/// the order or the delivery is not what the row's last column says: the order's status where
+/// it names one, else the delivery's outcome (`ignored`, `parked`), and the outcome it names in
+/// parentheses (``(outcome `reversed`)``) too.
+fn replay_rows(server: &ServeProcess, rows: &[Row]) -> Vec<String> {
     let mut wrong = Vec::new();
-    for row in &rows {
-        let output = replay(&server, &row.provider, &[], &[&row.file]);
+    for row in rows {
+        let output = replay(server, &row.provider, &[], &[&row.file]);
         let (status, body) = answer(&output, 0);
         assert_eq!(status, 200, "{}: {output:?}", row.file);
         let outcome = body["status"].as_str().unwrap_or_default().to_owned();
@@ -408,7 +443,7 @@ fn every_fixture_in_the_readme_table_ends_where_the_table_says_when_replayed_in_
         let found = match first_word.parse::<sekali::domain::OrderStatus>() {
             Ok(_) => {
                 let order_id = row.order_id.as_deref().expect("a status needs an order");
-                order(&server, order_id).map_or_else(|| "no order".to_owned(), |(s, _)| s)
+                order(server, order_id).map_or_else(|| "no order".to_owned(), |(s, _)| s)
             }
             Err(_) => outcome.clone(),
         };
@@ -428,6 +463,24 @@ fn every_fixture_in_the_readme_table_ends_where_the_table_says_when_replayed_in_
             }
         }
     }
+    wrong
+}
+
+/// The README's table is what a first-time user replays, top to bottom. Each file goes through
+/// `sekali replay` to one server (status check off, as the README says to for local tests), and
+/// after each the order it names must have the status the last column names; where that column
+/// names an outcome instead (`ignored`), the delivery's outcome must be it, and where it names
+/// one in parentheses (``(outcome `reversed`)``), that too. Then the ledger's scenarios, on the
+/// same server, as their table says (some continue orders of the first table).
+#[test]
+fn every_fixture_in_the_readme_tables_ends_where_the_table_says_when_replayed_in_its_order() {
+    let rows = fixture_table();
+    assert!(rows.len() >= 37, "the table was read: {rows:?}");
+    let ledger = ledger_table();
+    assert!(ledger.len() >= 40, "the ledger table was read: {ledger:?}");
+    let server = serve_all_providers();
+    let mut wrong = replay_rows(&server, &rows);
+    wrong.extend(replay_rows(&server, &ledger));
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
