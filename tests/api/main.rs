@@ -14,6 +14,7 @@ mod ledger;
 mod limits;
 mod midtrans;
 mod midtrans_status;
+mod migration;
 mod ordering;
 mod orders;
 mod purge;
