@@ -1,4 +1,4 @@
--- sekali schema, version 6 (PRAGMA user_version = 6).
+-- sekali schema, version 7 (PRAGMA user_version = 7).
 --
 -- Applied at startup, idempotently, by src/store/sqlite/schema.rs, which embeds this file in the
 -- binary.
@@ -242,7 +242,7 @@ CREATE TABLE IF NOT EXISTS payment_disputes (
 
 -- Work a migration left for a sekali that can do it: 'ledger', the ledger's rebuild from the
 -- stored events, which needs each provider to read its bodies again (src/store/sqlite/rebuild.rs;
--- done when serve, or a command that writes, first opens the database). Added in version 7.
+-- done when serve first opens the database; the other commands leave it). Added in version 7.
 CREATE TABLE IF NOT EXISTS pending_work (
     name              TEXT PRIMARY KEY NOT NULL
 ) WITHOUT ROWID;

@@ -15,9 +15,12 @@ use super::{NormalizedEvent, OrderStatus, ProviderName};
 /// What happened to a delivery. All but `Duplicate` are stored in `processed_events.outcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// Its facts changed what the ledger knew.
+    /// Its facts changed what the ledger knew, or said exactly what it knew (another event of
+    /// the same change: a Checkout Session beside its PaymentIntent, Xendit's `SETTLED` after
+    /// `PAID`), or the order was created or changed status.
     Processed,
-    /// Its facts were known already: nothing changed.
+    /// Its facts said less than the ledger knew (a `pending` after the payment, a partial refund
+    /// after a larger one), and the order's status did not change.
     Stale,
     /// Nothing sekali acts on: a type it does not read, or no payment named.
     Ignored,

@@ -2,8 +2,8 @@
 //!
 //! `signature_key` is hex SHA-512 of `order_id + status_code + gross_amount + server key`, over
 //! the strings exactly as sent. It is not an HMAC and carries no timestamp: a captured
-//! notification verifies forever, so replays are neutralised by deduplication and the
-//! forward-only state machine, not by the signature.
+//! notification verifies forever, so replays are neutralised by deduplication and the ledger
+//! (facts merged again change nothing), not by the signature.
 //!
 //! **What the signature does not cover:** `transaction_status`, `fraud_status`, the refunds and
 //! everything else. Two checks close what that leaves open:
@@ -30,10 +30,11 @@
 //!
 //! **Transactions.** Midtrans keeps one `order_id` across a customer's attempts, each its own
 //! `transaction_id`. The transaction is the event's payment (`payment_ref`): the one that pays
-//! an order is recorded on it, and only a deny or cancel of that transaction reverses the
-//! payment (`domain::decision`); a deny of another attempt is stale. That is why a deny's id
-//! names its transaction: the stale deny of one attempt must not make the reversal of the
-//! paying one look like its retry.
+//! an order is recorded on it, and only a deny or cancel of that transaction after its
+//! settlement reverses the payment (`domain::ledger`); a deny of another attempt is a failed
+//! attempt, which leaves an order that holds money as its money says. That is why a deny's id
+//! names its transaction: the deny of one attempt must not make the reversal of the paying one
+//! look like its retry.
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;

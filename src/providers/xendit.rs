@@ -5,8 +5,8 @@
 //! constant time. That is all there is: no signature over the body and no timestamp, so anyone
 //! who once saw a callback can send it again, byte for byte, and it verifies. **Deduplication is
 //! the only replay protection**: a callback sent again within the retention is a duplicate, and
-//! one sent later is applied again, which the forward-only state machine makes harmless (an order
-//! never moves back, and reaching the status it already has queues no second email).
+//! one sent later is applied again, which the ledger makes harmless (its facts merged again change
+//! nothing, and an order that already holds its money gets no second receipt).
 //!
 //! ## Event ids
 //!

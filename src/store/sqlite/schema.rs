@@ -17,8 +17,8 @@
 //! 5. Providers come from the registry: the CHECKs that listed `stripe` and `midtrans` are
 //!    removed in place. `orders.amount_exponent` and `processed_events.parked_event` (a parked
 //!    event, normalised, so that it is applied without its provider) are added in place; parked
-//!    rows written before are given their normalised event at startup
-//!    ([`super::events::convert_legacy_parked`]).
+//!    rows written before were given their normalised event at startup (from version 7 the
+//!    ledger's rebuild reads their bodies instead, `rebuild.rs`).
 //! 6. `orders.payer_email` (the payer's address as the provider reported it, apart from the
 //!    shop's `customer_email`), `order_transitions.actor` and `.reason` (who made an operator's or
 //!    the API's change, and the operator's reason), and the index of an order's transitions; all
