@@ -20,6 +20,15 @@ use crate::domain::{
     NormalizedEvent, OrderRef, OrderState, OrderStatus, ProviderName, QueuedNotice,
 };
 
+/// Marks processed the events parked under the payment `?2` of provider `?1`, or under any
+/// other name of it, for the order `?3`.
+pub(super) const PARK_RELEASE: &str =
+    "UPDATE processed_events SET outcome = 'processed', order_id = ?3
+     WHERE outcome = 'parked' AND +provider = ?1
+       AND payment_intent_id IN (SELECT ?2 UNION ALL
+                                 SELECT alias FROM payment_aliases
+                                 WHERE provider = ?1 AND payment_ref = ?2)";
+
 /// Claims `event` and applies its effects. `payload` is the raw verified body.
 ///
 /// Returns [`Outcome::Duplicate`] when a live claim already exists; the caller must then roll
@@ -224,15 +233,11 @@ fn resolve_and_apply(
     if linked.is_none() || folded != PaymentFacts::default() {
         // The events whose facts waited for this link count now: those parked under the
         // payment's key or under any other name of it (a refund parked under a PaymentIntent
-        // that an invoice, named by the order, turned out to be paid by).
-        db.prepare(
-            "UPDATE processed_events SET outcome = 'processed', order_id = ?3
-             WHERE outcome = 'parked' AND provider = ?1
-               AND (payment_intent_id = ?2
-                    OR payment_intent_id IN (SELECT alias FROM payment_aliases
-                                             WHERE provider = ?1 AND payment_ref = ?2))",
-        )?
-        .execute(params![provider, reference, order_id])?;
+        // that an invoice, named by the order, turned out to be paid by). Found through the
+        // partial index of parked events: the `+` keeps SQLite from choosing the primary key's
+        // `provider` instead, a scan of every event of the provider on every new payment.
+        db.prepare(PARK_RELEASE)?
+            .execute(params![provider, reference, order_id])?;
     }
     if !matches!(decision.outcome, Outcome::Processed | Outcome::Stale) {
         tracing::warn!(
@@ -517,3 +522,35 @@ fn queue(
 /// event type is the one applied (a Midtrans notification confirmed by the status API as
 /// another status was applied as that one).
 pub type RereadStored = fn(&str, &str, &[u8]) -> Result<NormalizedEvent, String>;
+
+#[cfg(test)]
+mod tests {
+    /// Every delivery that names a payment for the first time runs this statement. Without the
+    /// partial index it scanned every event of the provider: deliveries/s fell from about
+    /// 26,000 to 380 on a database of 100,000 events (benches/ab.sh).
+    #[test]
+    fn releasing_parked_events_searches_the_index_of_parked_events() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch(super::super::schema::SCHEMA_SQL)
+            .unwrap();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", super::PARK_RELEASE))
+            .unwrap()
+            .query_map(["stripe", "pi_1", "ord_1"], |row| row.get(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            plan.iter().any(|step| step
+                == "SEARCH processed_events USING INDEX processed_events_parked (payment_intent_id=?)"),
+            "{plan:#?}"
+        );
+        assert!(
+            !plan
+                .iter()
+                .any(|step| step.starts_with("SCAN processed_events")
+                    || step.contains("processed_events USING INDEX sqlite_autoindex")),
+            "{plan:#?}"
+        );
+    }
+}
