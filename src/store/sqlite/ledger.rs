@@ -66,6 +66,12 @@ pub fn adopt_aliases(
         if inserted == 0 {
             continue;
         }
+        // Events parked under the alias wait on the payment now (see `events::PARK_RELEASE`).
+        db.prepare(
+            "UPDATE processed_events SET payment_intent_id = ?3
+             WHERE outcome = 'parked' AND payment_intent_id = ?2 AND provider = ?1",
+        )?
+        .execute(params![provider, alias, reference])?;
         if let Some(stored) = load(db, provider, alias)? {
             folded.merge(&stored.facts);
             linked = linked.or(stored.order_id);
