@@ -54,6 +54,8 @@ pub enum StoreError {
     Pool(#[from] r2d2::Error),
     #[error("the database has schema version {found}; this sekali knows up to {known}")]
     SchemaTooNew { found: i64, known: i64 },
+    #[error("the database holds sekali's tables but no schema version (PRAGMA user_version is 0), so sekali cannot tell what to migrate; a copy made with `sqlite3 .dump` loses the version: set it to the version of the sekali that wrote the file (`sqlite3 FILE 'PRAGMA user_version = N'`; `schema.sql` of that version names N), or copy databases with `sekali backup`, which keeps it")]
+    SchemaUnversioned,
     /// A fault point fired (tests with the `failpoints` feature only).
     #[error("fault injected at {0}")]
     Injected(&'static str),

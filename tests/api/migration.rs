@@ -243,3 +243,65 @@ fn a_database_from_before_the_ledger_gets_each_order_from_its_payments_and_the_l
         0
     );
 }
+
+/// `sqlite3 .dump` leaves the schema version out. Restored from such a dump, a version-6 file
+/// looked new: sekali kept its old tables, marked it version 7, and its first delivery failed on
+/// a missing column. It is refused at startup instead, with what to do, and left as it was.
+#[test]
+fn a_database_restored_from_a_dump_without_its_version_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("restored.db");
+    let dump = include_str!("../../fixtures/ledger-v6.sql");
+    let without_version: String = dump
+        .lines()
+        .filter(|line| !line.starts_with("PRAGMA user_version"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    Connection::open(&db)
+        .unwrap()
+        .execute_batch(&without_version)
+        .unwrap();
+
+    let mut child = std::process::Command::new(sekali_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--no-relay", "--db"])
+        .arg(&db)
+        .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It must stop by itself; one that serves is stopped and the test fails.
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            child.kill().unwrap();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    for words in [
+        "no schema version",
+        "sqlite3 .dump",
+        "PRAGMA user_version = N",
+        "sekali backup",
+    ] {
+        assert!(stderr.contains(words), "{words:?} not in {stderr}");
+    }
+    let conn = Connection::open(&db).unwrap();
+    assert_eq!(
+        count(&conn, "PRAGMA user_version"),
+        0,
+        "the file is left as it was"
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'payments'"
+        ),
+        0
+    );
+}

@@ -119,6 +119,18 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
             });
         }
         if version < 1 {
+            // A file with sekali's tables but no version (restored from `sqlite3 .dump`, which
+            // leaves the version out) would be taken as new: its old tables kept as they are,
+            // then written with this version's statements, which fail on its missing columns.
+            let has_tables: bool = conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_schema
+                                WHERE type = 'table' AND name = 'processed_events')",
+                [],
+                |row| row.get(0),
+            )?;
+            if has_tables {
+                return Err(StoreError::SchemaUnversioned);
+            }
             conn.execute_batch(SCHEMA_SQL)?;
         } else {
             rewrite_checks(conn, version)?;
