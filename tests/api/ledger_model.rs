@@ -49,7 +49,7 @@ const SHOP: &str = "tok-model-shop-9f3a";
 
 const DEFAULT_SEED: u64 = 31;
 /// Sized to run in well under a minute in a debug build on two cores.
-const DEFAULT_HISTORIES: usize = 1_500;
+const DEFAULT_HISTORIES: usize = 4_000;
 /// Histories delivered at once (each one's events in sequence: the emails depend on the order).
 const CONCURRENT_HISTORIES: usize = 12;
 /// Failures printed in full; the rest are counted.
@@ -816,8 +816,9 @@ fn render(history: &History, at: usize, p: usize, step: &Step) -> Event {
             o["cancellation_reason"] = reason.map_or(Value::Null, Value::from);
             o["latest_charge"] = format!("ch_{reference}").into();
             o["metadata"] = json!({ "order_id": order });
-            let label = match step {
-                Step::StripeSucceeded { received } => format!("{kind} received {received}"),
+            let label = match (step, reason) {
+                (Step::StripeSucceeded { received }, _) => format!("{kind} received {received}"),
+                (_, Some(reason)) => format!("{kind} ({reason})"),
                 _ => kind.to_owned(),
             };
             (label, serde_json::to_vec(&e).unwrap())
@@ -941,7 +942,13 @@ fn render(history: &History, at: usize, p: usize, step: &Step) -> Event {
                     n["settlement_time"] = "2026-11-29 10:17:45".into();
                 }
                 Step::MidtransReversal(s) => {
-                    says.captured = Some(gross);
+                    // A deny or cancel says nothing of the settlement before it: delivered
+                    // first, it reads as an attempt that failed or was called off.
+                    says.attempt = Some(if *s == "deny" {
+                        Attempt::Failed
+                    } else {
+                        Attempt::Canceled
+                    });
                     says.reversed = true;
                     label = format!("{s} of {reference} after its settlement: a reversal");
                 }
@@ -1270,7 +1277,12 @@ fn expect(history: &History) -> Expected {
             emails.push(("refund_notice".to_owned(), Some(after.returned - announced)));
             announced = after.returned;
         }
-        if after.status == "failed" && (created || status != Some("failed")) {
+        // One per order: its key is the order's, the status and the money given back (none
+        // while nothing was taken), so a second failure after a retry is not told again.
+        if after.status == "failed"
+            && (created || status != Some("failed"))
+            && !emails.iter().any(|e| e.0 == "payment_failed")
+        {
             emails.push(("payment_failed".to_owned(), None));
         }
         status = Some(after.status);
