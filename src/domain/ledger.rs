@@ -575,10 +575,15 @@ fn reviews(
     // says when each happened (Stripe's event times): a cancel that came after the payment (a
     // pending transfer called off once the card paid) needs no look, and without the times the
     // two cannot be told apart.
-    let canceled = payments.iter().find_map(|p| match p.facts.attempt {
-        Some((Attempt::Canceled, at)) if p.facts.captured() == 0 && at != 0 => Some((p, at)),
-        _ => None,
-    });
+    // The earliest cancel: money taken after any cancel needs the look, not only after the
+    // cancel of the payment whose key sorts first.
+    let canceled = payments
+        .iter()
+        .filter_map(|p| match p.facts.attempt {
+            Some((Attempt::Canceled, at)) if p.facts.captured() == 0 && at != 0 => Some((p, at)),
+            _ => None,
+        })
+        .min_by_key(|(_, at)| *at);
     if let Some((canceled, canceled_at)) = canceled {
         let after = |p: &&&OrderPayment<'_>| {
             p.facts
@@ -868,6 +873,18 @@ mod tests {
                 vec![attempt(Canceled, 500), payment(2_500, |_| {})],
                 0,
                 (Paid, None),
+            ),
+            (
+                // Found by the model test (seed 7, history 4664): only the first cancel by key
+                // was looked at.
+                "paid after one cancel, before another",
+                vec![
+                    attempt(Canceled, 500),
+                    attempt(Canceled, 50),
+                    payment(2_500, |_| {}),
+                ],
+                0,
+                (NeedsReview, Some(PaidAfterCancel)),
             ),
             (
                 "a cancel whose time is unknown",

@@ -725,3 +725,35 @@ async fn an_operators_decision_stands_until_money_moves() {
     let view = order_view(&app, "ord_1001").await;
     assert_eq!(view["status"], "partially_refunded", "{view}");
 }
+
+// --- a retry of the same PaymentIntent ----------------------------------------------------------------
+
+/// Found by the model test (tests/api/ledger_model.rs, seed 31, history 4497): a PaymentIntent
+/// declined and tried again, its retry's `processing` delivered before the decline. The second
+/// `processing` says nothing new but its time, and the ledger kept the first one's; the decline,
+/// delivered last, was then the latest word, and the order showed `failed` (and told the
+/// customer so) while the retry was in flight.
+#[actix_web::test]
+async fn a_decline_delivered_after_the_retry_it_preceded_leaves_the_order_pending() {
+    let app = spawn_ledger().await;
+    let at = |id: &'static str, created: i64| {
+        move |e: &mut Value| {
+            e["id"] = id.into();
+            e["created"] = created.into();
+            e["data"]["object"]["id"] = "pi_3QA0060Order1060".into();
+            e["data"]["object"]["metadata"]["order_id"] = "ord_1060".into();
+        }
+    };
+    let first = "stripe/payment_intent.processing";
+    let decline = "stripe/payment_intent.payment_failed";
+    for (name, id, created) in [
+        (first, "evt_1QA0060processing0001", 1_732_900_000),
+        (first, "evt_1QA0060processing0002", 1_732_900_020),
+        (decline, "evt_1QA0060paymentfailed1", 1_732_900_010),
+    ] {
+        let answer = deliver(&app, name, at(id, created)).await;
+        assert_eq!(answer.status, 200, "{name}: {answer:?}");
+    }
+    assert_eq!(status(&app, "ord_1060"), "pending");
+    assert_eq!(emails(&app, "ord_1060"), []);
+}

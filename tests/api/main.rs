@@ -11,6 +11,7 @@ mod hostile;
 mod inspect;
 mod known_answers;
 mod ledger;
+mod ledger_model;
 mod limits;
 mod midtrans;
 mod midtrans_status;

@@ -158,7 +158,6 @@ fn resolve_and_apply(
     } else {
         News::Older
     };
-    let facts_changed = news == News::New;
 
     let order_id = match (&event.order_ref, &linked) {
         (OrderRef::OrderId(named), Some(linked)) if named != linked => {
@@ -225,7 +224,10 @@ fn resolve_and_apply(
         news,
     );
 
-    if facts_changed || linked.as_deref() != Some(order_id.as_str()) {
+    // Saved whenever the merge changed anything, not only in what counts (`News::New`): a
+    // later time of the same attempt state (a retry's `processing` after a decline) must be
+    // kept, or an older event delivered after it would win the merge.
+    if after != before || linked.as_deref() != Some(order_id.as_str()) {
         ledger::save(
             db,
             provider,
