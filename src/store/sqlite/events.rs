@@ -193,14 +193,7 @@ fn resolve_and_apply(
         .into_iter()
         .filter(|(p, stored)| !(p == provider && stored.reference == reference))
         .collect();
-    let mut before_payments: Vec<OrderPayment<'_>> = others
-        .iter()
-        .map(|(p, stored)| OrderPayment {
-            provider: p,
-            reference: &stored.reference,
-            facts: &stored.facts,
-        })
-        .collect();
+    let mut before_payments = ledger::views(&others);
     let mut after_payments = before_payments.clone();
     // A payment newly linked did not count for the order before this event.
     if linked.is_some() {

@@ -9,7 +9,8 @@ use rusqlite::{params, OptionalExtension};
 use super::statements::Statements;
 use crate::clock::iso_seconds;
 use crate::domain::ledger::{
-    Attempt, Dispute, DisputeStage, PaymentFacts, Refund, RefundState, RefundedSnapshot,
+    Attempt, Dispute, DisputeStage, OrderPayment, PaymentFacts, Refund, RefundState,
+    RefundedSnapshot,
 };
 
 /// A payment as stored: the order it is linked to, and its facts.
@@ -18,6 +19,18 @@ pub struct StoredPayment {
     pub reference: String,
     pub order_id: Option<String>,
     pub facts: PaymentFacts,
+}
+
+/// The payments of an order as the ledger's `compute` reads them.
+pub fn views(payments: &[(String, StoredPayment)]) -> Vec<OrderPayment<'_>> {
+    payments
+        .iter()
+        .map(|(provider, stored)| OrderPayment {
+            provider,
+            reference: &stored.reference,
+            facts: &stored.facts,
+        })
+        .collect()
 }
 
 /// A time the ledger keeps (Unix seconds, 0 for unknown) as the schema's text, NULL for unknown.

@@ -7,7 +7,7 @@ use super::ledger;
 use super::statements::Statements;
 use super::StoreError;
 use crate::clock::iso_seconds;
-use crate::domain::ledger::{compute, OperatorDecision, OrderPayment};
+use crate::domain::ledger::{compute, OperatorDecision};
 use crate::domain::OrderStatus;
 use crate::store::model::{
     NewOrder, OperatorChange, OrderView, PaymentView, SetStatusError, Transition,
@@ -177,15 +177,7 @@ pub fn set_status_by_operator(
         // The decision stands until money moves: what the order's payments say now is kept
         // with it, and the review reason the operator saw no longer counts.
         let payments = ledger::of_order(db, order_id).map_err(StoreError::from)?;
-        let views: Vec<OrderPayment<'_>> = payments
-            .iter()
-            .map(|(provider, stored)| OrderPayment {
-                provider,
-                reference: &stored.reference,
-                facts: &stored.facts,
-            })
-            .collect();
-        let money = compute(&state.terms(), &views, None, &[], 0).money;
+        let money = compute(&state.terms(), &ledger::views(&payments), None, &[], 0).money;
         if let Some(reason) = state.review.take() {
             state.acknowledged.push(reason);
         }

@@ -25,8 +25,7 @@ use super::StoreError;
 use crate::clock::iso_seconds;
 use crate::domain::decision::rescale;
 use crate::domain::ledger::{
-    compute, Attempt, Dispute, DisputeStage, OperatorDecision, OrderPayment, PaymentFacts,
-    RefundedSnapshot,
+    compute, Attempt, Dispute, DisputeStage, OperatorDecision, PaymentFacts, RefundedSnapshot,
 };
 use crate::domain::money::iso_exponent;
 use crate::domain::text::Escaped;
@@ -211,16 +210,8 @@ fn settle_order(
         .query_row([order_id], |row| row.get(0))
         .optional()?
         .unwrap_or(false);
-    let views: Vec<OrderPayment<'_>> = payments
-        .iter()
-        .map(|(provider, stored)| OrderPayment {
-            provider,
-            reference: &stored.reference,
-            facts: &stored.facts,
-        })
-        .collect();
     let terms = order.terms();
-    let computed = compute(&terms, &views, None, &[], 0);
+    let computed = compute(&terms, &ledger::views(&payments), None, &[], 0);
     let iso = computed.currency.as_deref().map_or(2, iso_exponent);
     let own = order.exponent.unwrap_or(iso);
     // What the customer was told of refunds: what the order showed refunded.
