@@ -97,9 +97,8 @@ fn rebuild(conn: &Connection, reread: RereadStored, now: &str) -> Result<Vec<Cha
             Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
         })?
         .collect::<rusqlite::Result<_>>()?;
-    // Events whose payment was linked to no order when they were read: a later event may link
-    // it (an invoice naming the PaymentIntent a refund was parked under).
-    let mut unlinked = Vec::new();
+    // Each event read, under its payment's key.
+    let mut read = Vec::new();
     for (provider, event_id, event_type, payload) in events {
         let event = match reread(&provider, &event_type, payload.as_bytes()) {
             Ok(event) => event,
@@ -141,15 +140,18 @@ fn rebuild(conn: &Connection, reread: RereadStored, now: &str) -> Result<Vec<Cha
             &after,
             now,
         )?;
-        match linked {
-            Some(order_id) => unpark(db, &provider, &event_id, &order_id)?,
-            None => unlinked.push((provider, event_id, reference)),
-        }
+        read.push((provider, event_id, reference));
     }
-    for (provider, event_id, reference) in unlinked {
+    // A parked event counts as processed once its payment is linked to an order, by it or by an
+    // event read after it (an invoice naming the PaymentIntent a refund was parked under).
+    for (provider, event_id, reference) in read {
         let reference = ledger::canonical(db, &provider, &reference)?;
         if let Some(order_id) = ledger::load(db, &provider, &reference)?.and_then(|p| p.order_id) {
-            unpark(db, &provider, &event_id, &order_id)?;
+            db.prepare(
+                "UPDATE processed_events SET outcome = 'processed', order_id = ?3
+                 WHERE provider = ?1 AND event_id = ?2 AND outcome = 'parked'",
+            )?
+            .execute(params![provider, event_id, order_id])?;
         }
     }
     conn.execute("UPDATE processed_events SET parked_event = NULL", [])?;
@@ -172,21 +174,6 @@ fn rebuild(conn: &Connection, reread: RereadStored, now: &str) -> Result<Vec<Cha
         }
     }
     Ok(changed)
-}
-
-/// A parked event whose payment is now linked to `order_id` counts as processed for it.
-fn unpark(
-    db: &mut Statements<'_>,
-    provider: &str,
-    event_id: &str,
-    order_id: &str,
-) -> Result<(), StoreError> {
-    db.prepare(
-        "UPDATE processed_events SET outcome = 'processed', order_id = ?3
-         WHERE provider = ?1 AND event_id = ?2 AND outcome = 'parked'",
-    )?
-    .execute(params![provider, event_id, order_id])?;
-    Ok(())
 }
 
 /// Computes one order from its rebuilt payments, after giving it what its row says where its
