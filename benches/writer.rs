@@ -55,6 +55,7 @@ fn run(batch_max: usize, events: usize, round: usize) -> Figures {
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             max_page_count: None,
             reread: None,
+            commit_faults: Default::default(),
         },
         clock,
     )

@@ -244,6 +244,7 @@ impl Application {
                 busy_timeout: settings.busy_timeout,
                 max_page_count: settings.max_page_count,
                 reread: Some(crate::providers::read_stored),
+                commit_faults: Default::default(),
             },
             clock.clone(),
         )?);

@@ -29,10 +29,10 @@ use sekali::domain::{
     EmailAddress, NormalizedEvent, OrderRef, OrderStatus, PaymentReport, ProviderName,
 };
 use sekali::store::{
-    ClaimRequest, ClaimedEmail, CreateOrder, EventQuery, IdempotentOutcome, Maintenance, NewOrder,
-    OperatorChange, OrderQuery, OrderView, OutboxQuery, OutboxRow, Outcome, PaymentView, Purged,
-    Retried, RunDeletion, RunMarker, SendOutcome, SendResult, SetStatusError, Store, StoreError,
-    StoredResponse, Transition,
+    ClaimRequest, ClaimedEmail, CommitFaults, CreateOrder, EventQuery, IdempotentOutcome,
+    Maintenance, NewOrder, OperatorChange, OrderQuery, OrderView, OutboxQuery, OutboxRow, Outcome,
+    PaymentView, Purged, Retried, RunDeletion, RunMarker, SendOutcome, SendResult, SetStatusError,
+    Store, StoreError, StoredResponse, Transition,
 };
 use serde_json::{json, Value};
 
@@ -49,7 +49,12 @@ pub trait Engine {
 
     /// Opens a fresh, empty database: the server's [`Store`], which takes "now" from `clock`,
     /// and an operator's [`Maintenance`] connection to the same database.
-    fn open(&self, clock: SharedClock) -> (Arc<dyn Store>, Box<dyn Maintenance>);
+    /// `faults` tells the store which commits to fail on purpose ("fail the next commit").
+    fn open(
+        &self,
+        clock: SharedClock,
+        faults: CommitFaults,
+    ) -> (Arc<dyn Store>, Box<dyn Maintenance>);
 
     /// Where [`Maintenance::backup`] may write a copy (nothing there yet).
     fn backup_path(&self) -> PathBuf;
@@ -77,6 +82,8 @@ pub struct Ctx {
     ops: Box<dyn Maintenance>,
     clock: Arc<ManualClock>,
     engine: Rc<dyn Engine>,
+    /// Fails the store's next commits on purpose.
+    faults: CommitFaults,
 }
 
 /// Runs one test of the suite against a fresh database of `E`, then shuts the store down (from
@@ -89,7 +96,8 @@ where
 {
     let engine: Rc<dyn Engine> = Rc::new(E::new());
     let clock = ManualClock::new(T0);
-    let (store, ops) = engine.open(clock.clone());
+    let faults = CommitFaults::default();
+    let (store, ops) = engine.open(clock.clone(), faults.clone());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -99,6 +107,7 @@ where
         ops,
         clock,
         engine: engine.clone(),
+        faults,
     }));
     store.shutdown();
 }
@@ -180,6 +189,12 @@ macro_rules! conformance_suite {
                 settling_a_review_as_paid_queues_the_receipt_for_what_was_paid,
                 an_operator_setting_the_status_the_order_has_is_refused,
                 an_orders_history_names_who_made_each_change_and_why,
+                an_orders_audit_trail_is_every_change_oldest_first,
+                // an error means nothing was committed
+                a_delivery_whose_commit_fails_leaves_nothing_and_is_new_when_sent_again,
+                an_order_request_whose_commit_fails_keeps_no_key_and_no_order,
+                a_claim_or_results_whose_commit_fails_change_no_row,
+                a_purge_batch_whose_commit_fails_deletes_nothing,
                 // backup
                 a_backup_holds_the_orders_and_events_as_they_were,
                 a_backup_never_overwrites_an_existing_file,
@@ -2679,6 +2694,161 @@ mod suite {
             ]
         );
         assert_eq!(history[1].event_id, "evt_1");
+        assert_eq!(t.ops.transitions("ord_1").unwrap(), history);
+    }
+
+    /// `order_transitions` holds one row per change of status, oldest first, with the refunded
+    /// amount after it and the event that made it; an event that changed nothing adds none.
+    pub async fn an_orders_audit_trail_is_every_change_oldest_first(t: Ctx) {
+        assert_eq!(t.ops.transitions("ord_1").unwrap(), []);
+        t.record(ev("evt_1").order("ord_1").to(Pending)).await;
+        t.advance(5);
+        t.record(paid("evt_2", "ord_1")).await;
+        t.advance(5);
+        // Paid again: processed, but no change of status.
+        assert_eq!(t.record(paid("evt_3", "ord_1")).await, Outcome::Processed);
+        t.record(ev("evt_4").order("ord_1").refunded(500)).await;
+        t.record(ev("evt_5").order("ord_2").to(Pending)).await;
+        let trail: Vec<_> = t
+            .ops
+            .transitions("ord_1")
+            .unwrap()
+            .into_iter()
+            .map(|h| {
+                (
+                    h.changed_at,
+                    h.from_status,
+                    h.to_status,
+                    h.refunded_amount,
+                    h.event_id,
+                )
+            })
+            .collect();
+        assert_eq!(
+            trail,
+            [
+                (iso_seconds(T0), None, "pending".into(), 0, "evt_1".into()),
+                (
+                    iso_seconds(T0 + 5),
+                    Some("pending".into()),
+                    "paid".into(),
+                    0,
+                    "evt_2".into()
+                ),
+                (
+                    iso_seconds(T0 + 10),
+                    Some("paid".into()),
+                    "partially_refunded".into(),
+                    500,
+                    "evt_4".into()
+                ),
+            ]
+        );
+    }
+
+    // --- an error means nothing was committed ---------------------------------------------
+
+    /// A delivery whose transaction fails to commit gets an error (the provider is answered
+    /// 503) and leaves no claim, no order change, no transition and no email: sent again, it
+    /// is a new event, applied once.
+    pub async fn a_delivery_whose_commit_fails_leaves_nothing_and_is_new_when_sent_again(t: Ctx) {
+        t.record(ev("evt_1").order("ord_1").to(Pending)).await;
+        t.advance(5);
+        let before = t.snapshot().await;
+        let trail = t.ops.transitions("ord_1").unwrap();
+
+        t.faults.fail_next(1);
+        let event = paid("evt_2", "ord_1");
+        let payload = payload_of(&event.0);
+        let failed = t.store.record(event.0, payload).await;
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(t.snapshot().await, before);
+        assert_eq!(t.ops.transitions("ord_1").unwrap(), trail);
+        assert!(t.ops.find_events("evt_2", None).unwrap().is_empty());
+
+        assert_eq!(t.record(paid("evt_2", "ord_1")).await, Outcome::Processed);
+        assert_eq!(t.status("ord_1").await, Paid);
+        assert_eq!(t.templates("ord_1"), ["receipt"]);
+        assert_eq!(t.ops.transitions("ord_1").unwrap().len(), 2);
+    }
+
+    /// An order request whose transaction fails to commit keeps neither its key nor its order:
+    /// the same request again runs afresh (201), not as a replay of an answer never given.
+    pub async fn an_order_request_whose_commit_fails_keeps_no_key_and_no_order(t: Ctx) {
+        t.faults.fail_next(1);
+        let failed = t
+            .store
+            .create_order(create("shop", "key-1", "fp", new_order("ord_api")))
+            .await;
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(t.order("ord_api").await, None);
+        assert_eq!(t.ops.transitions("ord_api").unwrap(), []);
+
+        let outcome = t
+            .create(create("shop", "key-1", "fp", new_order("ord_api")))
+            .await;
+        assert!(
+            matches!(&outcome, IdempotentOutcome::Fresh(r) if r.status == 201),
+            "{outcome:?}"
+        );
+        assert_eq!(t.all_orders().await.len(), 1);
+    }
+
+    /// A relay's claim that fails to commit leases nothing (another relay can claim the rows at
+    /// once), and its results that fail to commit leave the rows as they were, still leased to
+    /// it, so that recording them again succeeds.
+    pub async fn a_claim_or_results_whose_commit_fails_change_no_row(t: Ctx) {
+        let ids = receipts(&t, 2).await;
+        let due = t.snapshot().await;
+        t.faults.fail_next(1);
+        let failed = t
+            .store
+            .claim_outbox(ClaimRequest {
+                owner: "relay-a".into(),
+                lease_ms: LEASE_MS,
+                limit: 10,
+            })
+            .await;
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(t.snapshot().await, due);
+
+        let claimed: Vec<i64> = t.claim("relay-b", 10).await.iter().map(|e| e.id).collect();
+        assert_eq!(claimed, ids);
+        let leased = t.snapshot().await;
+        t.faults.fail_next(1);
+        let sent: Vec<SendResult> = ids
+            .iter()
+            .map(|&id| SendResult {
+                id,
+                outcome: SendOutcome::Sent,
+            })
+            .collect();
+        let failed = t.store.record_outbox_results("relay-b".into(), sent).await;
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(t.snapshot().await, leased);
+
+        let again: Vec<_> = ids.iter().map(|&id| (id, SendOutcome::Sent)).collect();
+        assert_eq!(t.results("relay-b", &again).await, [true, true]);
+        assert!(t.outbox().iter().all(|row| row.status == "sent"));
+    }
+
+    /// A purge batch whose transaction fails to commit deletes nothing; the next one deletes
+    /// what it would have.
+    pub async fn a_purge_batch_whose_commit_fails_deletes_nothing(t: Ctx) {
+        expired_and_live(&t).await;
+        t.advance(60);
+        let before = t.snapshot().await;
+        t.faults.fail_next(1);
+        let failed = t.store.purge_batch(100).await;
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(t.snapshot().await, before);
+        assert_eq!(
+            t.store.purge_batch(100).await.unwrap(),
+            Purged {
+                events: 5,
+                idempotency_keys: 3
+            }
+        );
     }
 
     // --- backup --------------------------------------------------------------------------------
@@ -2745,7 +2915,7 @@ mod sqlite_engine {
     use sekali::store::sqlite::{
         SqliteMaintenance, SqliteStore, WriterConfig, DEFAULT_BUSY_TIMEOUT,
     };
-    use sekali::store::{Maintenance, Store};
+    use sekali::store::{CommitFaults, Maintenance, Store};
 
     use super::Engine;
 
@@ -2761,7 +2931,11 @@ mod sqlite_engine {
             }
         }
 
-        fn open(&self, clock: SharedClock) -> (Arc<dyn Store>, Box<dyn Maintenance>) {
+        fn open(
+            &self,
+            clock: SharedClock,
+            commit_faults: CommitFaults,
+        ) -> (Arc<dyn Store>, Box<dyn Maintenance>) {
             let db_path = self.dir.path().join("sekali.db");
             let store = SqliteStore::open(
                 WriterConfig {
@@ -2771,6 +2945,7 @@ mod sqlite_engine {
                     busy_timeout: DEFAULT_BUSY_TIMEOUT,
                     max_page_count: None,
                     reread: None,
+                    commit_faults,
                 },
                 clock,
             )

@@ -245,6 +245,7 @@ pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
                     busy_timeout: config.busy_timeout,
                     max_page_count: None,
                     reread: None,
+                    commit_faults: Default::default(),
                 },
                 clock.clone(),
             )

@@ -7,7 +7,7 @@ use crate::telemetry::ErrorChain;
 /// writer has replaced its connection since start (a panic or an I/O fault each count one):
 /// a number that keeps climbing means the disk or the database file needs a look. And what the
 /// writer has done (transactions, deliveries, the relay's claims and results), with the write
-/// connections the process has opened: one, however much the relay sends.
+/// connections its store has opened: one, however much the relay sends.
 pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     match state.store.check_health().await {
         Ok(()) => {
@@ -16,7 +16,7 @@ pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
                 "status": "ok",
                 "writer_reopens": stats.writer.reopens,
                 "writer": stats.writer,
-                "write_connections_opened": stats.write_connections_opened,
+                "write_connections_opened": stats.writer.connections_opened,
             }))
         }
         Err(e) => {

@@ -31,9 +31,9 @@ pub use model::{
     WriterStats, DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
 };
 
-/// A store failure. Engine errors keep their own codes (SQLite's extended result code is in the
-/// cause chain of [`StoreError::Sqlite`]) so that a log line says what the disk or the database
-/// reported.
+/// A store failure, in engine-neutral kinds. What the database itself reported is kept as the
+/// source of [`StoreError::Database`] (SQLite's extended result code, PostgreSQL's SQLSTATE), so
+/// that a log line still says what the disk or the server said.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database file {0} does not exist")]
@@ -43,15 +43,16 @@ pub enum StoreError {
     /// does not.
     #[error("cannot open the database file {path}: {reason}")]
     CannotOpen { path: String, reason: String },
-    /// SQLite falls back to read-only when it cannot open the file for writing (permissions,
-    /// an immutable file, a read-only mount). Found at open, so `serve` refuses to start
-    /// instead of answering every delivery 503.
-    #[error("database file {0} can only be opened read-only; sekali must be able to write it (and create its -wal and -shm files beside it)")]
-    ReadOnly(String),
+    /// The database opens but cannot keep sekali's promises as it is set up (a file that can
+    /// only be read, a journal mode without durable commits, a server that acknowledges commits
+    /// before they are on disk). Found at open, so `serve` refuses to start instead of
+    /// answering every delivery 503, or acknowledging what it could lose. The text says what is
+    /// wrong and what to change.
+    #[error("{0}")]
+    Unfit(String),
+    /// The database reported an error.
     #[error(transparent)]
-    Sqlite(#[from] rusqlite::Error),
-    #[error("connection pool: {0}")]
-    Pool(#[from] r2d2::Error),
+    Database(DatabaseError),
     #[error("the database has schema version {found}; this sekali knows up to {known}")]
     SchemaTooNew { found: i64, known: i64 },
     #[error("the database holds sekali's tables but no schema version (PRAGMA user_version is 0), so sekali cannot tell what to migrate; a copy made with `sqlite3 .dump` loses the version: set it to the version of the sekali that wrote the file (`sqlite3 FILE 'PRAGMA user_version = N'`; `schema.sql` of that version names N), or copy databases with `sekali backup`, which keeps it")]
@@ -61,8 +62,6 @@ pub enum StoreError {
     Injected(&'static str),
     #[error("refusing to overwrite {0}")]
     Exists(String),
-    #[error("database file {path} could not be switched to WAL mode (it stays in `{mode}` mode), on which sekali's durability rests; WAL needs a local file system (not a network share) that supports shared memory")]
-    NotWal { path: String, mode: String },
     #[error("cannot write the backup {path}: {reason}")]
     BackupOut { path: String, reason: String },
     #[error("the backup copy failed its integrity check: {0}")]
@@ -74,21 +73,97 @@ pub enum StoreError {
     Blocking(String),
 }
 
+/// How a database error bears on what the caller does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Goes away by itself (a lock held elsewhere, a full disk, a serialization failure, a
+    /// pool with no free connection): nothing was committed, retry later.
+    Transient,
+    /// The connection itself is broken (an I/O fault under it, a server that went away): also
+    /// transient, and the engine replaces the connection before its next transaction.
+    ConnectionLost,
+    /// Retrying the same thing fails the same way (a constraint, a malformed statement).
+    Permanent,
+}
+
+/// An error the database reported, with its kind. Displays as the engine's own error, whose
+/// source chain it keeps.
+#[derive(Debug)]
+pub struct DatabaseError {
+    pub kind: ErrorKind,
+    source: Box<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl DatabaseError {
+    pub fn new(kind: ErrorKind, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        DatabaseError {
+            kind,
+            source: Box::new(source),
+        }
+    }
+
+    /// The engine's own error.
+    pub fn engine_error(&self) -> &(dyn std::error::Error + 'static) {
+        &*self.source
+    }
+}
+
+impl std::fmt::Display for DatabaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for DatabaseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.source()
+    }
+}
+
 impl StoreError {
-    /// True for faults that go away by themselves (lock held elsewhere, disk full): the caller
-    /// should retry later.
+    pub fn database(
+        kind: ErrorKind,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StoreError::Database(DatabaseError::new(kind, source))
+    }
+
+    /// True for faults that go away by themselves (lock held elsewhere, disk full, a lost
+    /// connection): the caller should retry later.
     pub fn is_transient(&self) -> bool {
-        use rusqlite::ErrorCode::*;
         match self {
-            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
-                matches!(
-                    e.code,
-                    DatabaseBusy | DatabaseLocked | DiskFull | SystemIoFailure | OutOfMemory
-                )
-            }
-            StoreError::Pool(_) | StoreError::Blocking(_) => true,
+            StoreError::Database(e) => e.kind != ErrorKind::Permanent,
+            StoreError::Blocking(_) => true,
             _ => false,
         }
+    }
+
+    /// True when the connection that reported it should be replaced.
+    pub fn is_connection_lost(&self) -> bool {
+        matches!(self, StoreError::Database(e) if e.kind == ErrorKind::ConnectionLost)
+    }
+}
+
+/// Commits a store is told to fail, to show that an error means nothing was committed: the
+/// conformance suite's "fail the next commit", on every engine. The writer takes one before
+/// each COMMIT; while any is left, it rolls the transaction back instead and answers every
+/// unit of work in it with an error, as when the database refuses the COMMIT. Nothing outside
+/// the tests sets it.
+#[derive(Debug, Clone, Default)]
+pub struct CommitFaults(std::sync::Arc<std::sync::atomic::AtomicU32>);
+
+impl CommitFaults {
+    /// The next `n` commits fail.
+    pub fn fail_next(&self, n: u32) {
+        self.0.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// True when this commit is to fail (and one fewer is left).
+    pub fn take(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.0
+            .fetch_update(SeqCst, SeqCst, |left| left.checked_sub(1))
+            .is_ok()
     }
 }
 
@@ -197,6 +272,10 @@ pub trait Maintenance {
     /// One order, with its history.
     fn order(&self, order_id: &str) -> Result<Option<OrderView>, StoreError>;
 
+    /// The audit trail of one order (`order_transitions`), oldest first; empty for an order
+    /// that does not exist.
+    fn transitions(&self, order_id: &str) -> Result<Vec<Transition>, StoreError>;
+
     /// The outbox rows that match `query`, newest first, filtered by the engine.
     fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxRow>, StoreError>;
 
@@ -253,7 +332,7 @@ mod tests {
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
             Some("disk I/O error".into()),
         );
-        let error = WriteError::Store(StoreError::Sqlite(io));
+        let error = WriteError::Store(StoreError::from(io));
         let line = ErrorChain(&error).to_string();
         // The two transparent wrappers add nothing; SQLite's own error then names its extended
         // code (1034, SQLITE_IOERR_FSYNC), not nested Debug (`Store(Sqlite(SqliteFailure(…)))`).

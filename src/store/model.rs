@@ -492,15 +492,15 @@ pub struct WriterStats {
     pub outbox_results: u64,
     /// Times the writer replaced its connection (a panic, an I/O fault).
     pub reopens: u64,
+    /// Write connections the store opened: one at start, and one per reopen. Its relay and its
+    /// purge write through the writer's, so `serve` opens no other.
+    pub connections_opened: u64,
 }
 
 /// What a [`Store`](super::Store) has done since it started, as `/healthz` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct StoreStats {
     pub writer: WriterStats,
-    /// Write connections this process has opened: `serve` opens exactly one, and its relay
-    /// writes through it.
-    pub write_connections_opened: u64,
 }
 
 /// The rows of one load-generator run (see [`Maintenance::run_counts`](super::Maintenance)).

@@ -39,7 +39,7 @@ pub fn backup_database(
     let partial = out.with_extension("partial");
     let _ = std::fs::remove_file(&partial);
     let copied = copy_and_check(&src, &partial, out).map_err(|e| match e {
-        StoreError::Sqlite(e) => out_error(format!("writing {}: {e}", partial.display())),
+        e @ StoreError::Database(_) => out_error(format!("writing {}: {e}", partial.display())),
         other => other,
     });
     if copied.is_err() {

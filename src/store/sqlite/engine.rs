@@ -15,6 +15,7 @@ use crate::store::model::{
     BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
     IdempotentOutcome, OperatorChange, OrderView, OrdersOutsideRuns, OutboxQuery, OutboxRow,
     Purged, Retried, RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats,
+    Transition,
 };
 use crate::store::{CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError};
 
@@ -120,7 +121,6 @@ impl Store for SqliteStore {
     fn stats(&self) -> StoreStats {
         StoreStats {
             writer: self.writer.stats(),
-            write_connections_opened: super::write_connections_opened(),
         }
     }
 
@@ -165,6 +165,10 @@ impl Maintenance for SqliteMaintenance {
         Ok(orders::get_order(&self.conn, order_id)?)
     }
 
+    fn transitions(&self, order_id: &str) -> Result<Vec<Transition>, StoreError> {
+        Ok(orders::transitions(&self.conn, order_id)?)
+    }
+
     fn outbox(&self, query: &OutboxQuery) -> Result<Vec<OutboxRow>, StoreError> {
         Ok(outbox::list(&self.conn, query)?)
     }
@@ -187,7 +191,7 @@ impl Maintenance for SqliteMaintenance {
     }
 
     fn purge_all_expired(&self, now_unix: i64, batch: usize) -> Result<Purged, StoreError> {
-        Ok(purge::purge_all_expired(&self.conn, now_unix, batch)?)
+        purge::purge_all_expired(&self.conn, now_unix, batch)
     }
 
     fn backup(&self, out: &Path) -> Result<BackupReport, StoreError> {

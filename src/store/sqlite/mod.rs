@@ -29,21 +29,35 @@ use std::time::Duration;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, OpenFlags};
 
+use super::ErrorKind;
 pub use super::StoreError;
 pub use engine::{SqliteMaintenance, SqliteStore};
 pub use writer::{Writer, WriterConfig};
 
-/// Write connections this process has opened (the writer's, a reopen's, a command's): `serve`
-/// opens exactly one, and its relay writes through it. Reported by `/healthz`.
-static WRITE_CONNECTIONS_OPENED: std::sync::atomic::AtomicU64 =
-    std::sync::atomic::AtomicU64::new(0);
-
-pub fn write_connections_opened() -> u64 {
-    WRITE_CONNECTIONS_OPENED.load(std::sync::atomic::Ordering::Relaxed)
+impl From<rusqlite::Error> for StoreError {
+    /// SQLite's result code decides the kind: a lock or a full disk passes; an I/O fault, a
+    /// file that is no longer a database or no longer writable breaks the connection.
+    fn from(error: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode::*;
+        let kind = match &error {
+            rusqlite::Error::SqliteFailure(e, _) => match e.code {
+                SystemIoFailure | NotADatabase | CannotOpen | DatabaseCorrupt | ReadOnly => {
+                    ErrorKind::ConnectionLost
+                }
+                DatabaseBusy | DatabaseLocked | DiskFull | OutOfMemory => ErrorKind::Transient,
+                _ => ErrorKind::Permanent,
+            },
+            _ => ErrorKind::Permanent,
+        };
+        StoreError::database(kind, error)
+    }
 }
 
-fn count_write_connection() {
-    WRITE_CONNECTIONS_OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+impl From<r2d2::Error> for StoreError {
+    /// The read pool found no connection in time: the database is busy or gone for now.
+    fn from(error: r2d2::Error) -> Self {
+        StoreError::database(ErrorKind::Transient, error)
+    }
 }
 
 /// How long a statement waits for another process's lock before failing with `SQLITE_BUSY`
@@ -65,7 +79,6 @@ fn apply_connection_pragmas(conn: &Connection, busy_timeout: Duration) -> rusqli
 pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
     let created = !path.exists();
     let conn = Connection::open(path).map_err(|e| explain_open_failure(path, e))?;
-    count_write_connection();
     refuse_read_only(&conn, path)?;
     apply_connection_pragmas(&conn, busy_timeout)?;
     let mode: String =
@@ -74,10 +87,10 @@ pub fn open_for_writing(path: &Path, busy_timeout: Duration) -> Result<Connectio
         // Refused, not warned of: in rollback-journal mode a commit is the journal's unlink,
         // which `synchronous=FULL` does not sync into its directory, so a power cut can bring
         // the journal back and roll an acknowledged commit back (the power-cut tests show it).
-        return Err(StoreError::NotWal {
-            path: path.display().to_string(),
-            mode,
-        });
+        return Err(StoreError::Unfit(format!(
+            "database file {} could not be switched to WAL mode (it stays in `{mode}` mode), on which sekali's durability rests; WAL needs a local file system (not a network share) that supports shared memory",
+            path.display()
+        )));
     }
     // After a checkpoint the WAL file is truncated back to this size, so a burst does not leave
     // a large file behind for good.
@@ -144,7 +157,10 @@ fn can_create_files_in(dir: &Path) -> bool {
 
 fn refuse_read_only(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     if conn.is_readonly(rusqlite::MAIN_DB)? {
-        return Err(StoreError::ReadOnly(path.display().to_string()));
+        return Err(StoreError::Unfit(format!(
+            "database file {} can only be opened read-only; sekali must be able to write it (and create its -wal and -shm files beside it)",
+            path.display()
+        )));
     }
     Ok(())
 }
@@ -169,7 +185,6 @@ pub fn open_existing(
     };
     let conn = Connection::open_with_flags(path, flags)?;
     if writable {
-        count_write_connection();
         refuse_read_only(&conn, path)?;
         apply_connection_pragmas(&conn, busy_timeout)?;
         schema::migrate(&conn)?;
@@ -222,6 +237,31 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// SQLite's result code decides what a store error means to its caller: a lock or a full
+    /// disk passes by itself, an I/O fault also takes a new connection, a constraint never
+    /// passes.
+    #[test]
+    fn sqlites_codes_map_to_the_kinds_of_store_error() {
+        let error = |code| {
+            super::StoreError::from(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(code),
+                None,
+            ))
+        };
+        let kind = |code| match error(code) {
+            super::StoreError::Database(e) => e.kind,
+            other => panic!("{other:?}"),
+        };
+        use super::ErrorKind::*;
+        assert_eq!(kind(rusqlite::ffi::SQLITE_BUSY), Transient);
+        assert_eq!(kind(rusqlite::ffi::SQLITE_FULL), Transient);
+        assert_eq!(kind(rusqlite::ffi::SQLITE_IOERR_FSYNC), ConnectionLost);
+        assert_eq!(kind(rusqlite::ffi::SQLITE_CORRUPT), ConnectionLost);
+        assert_eq!(kind(rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE), Permanent);
+        assert!(error(rusqlite::ffi::SQLITE_IOERR_FSYNC).is_transient());
+        assert!(!error(rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE).is_transient());
+    }
+
     /// An in-memory database has no WAL: it stands for any file SQLite cannot put in WAL mode.
     #[test]
     fn a_database_that_cannot_be_in_wal_mode_is_refused_for_writing() {
@@ -230,7 +270,7 @@ mod tests {
             std::time::Duration::from_secs(1),
         );
         assert!(
-            matches!(&refused, Err(super::StoreError::NotWal { mode, .. }) if mode == "memory"),
+            matches!(&refused, Err(super::StoreError::Unfit(why)) if why.contains("`memory` mode")),
             "{refused:?}"
         );
     }

@@ -4,6 +4,7 @@ use rusqlite::{params, Connection};
 
 use crate::clock::iso_seconds;
 use crate::store::model::Purged;
+use crate::store::{CommitFaults, StoreError};
 
 /// Deletes up to `limit` `processed_events` rows whose `expires_at` has passed. Parked rows are
 /// kept: they are work waiting for their order, not a deduplication record. Orders and outbox
@@ -27,7 +28,8 @@ pub fn purge_batch_in_transaction(
     conn: &Connection,
     now_unix: i64,
     limit: usize,
-) -> rusqlite::Result<Purged> {
+    faults: &CommitFaults,
+) -> Result<Purged, StoreError> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = purge_expired_events(conn, now_unix, limit).and_then(|events| {
         let idempotency_keys = super::idempotency::purge_expired_keys(conn, now_unix, limit)?;
@@ -37,13 +39,17 @@ pub fn purge_batch_in_transaction(
         })
     });
     match result {
+        Ok(_) if faults.take() => {
+            conn.execute_batch("ROLLBACK")?;
+            Err(StoreError::Injected("the purge batch's COMMIT"))
+        }
         Ok(purged) => {
             conn.execute_batch("COMMIT")?;
             Ok(purged)
         }
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
+            Err(e.into())
         }
     }
 }
@@ -54,10 +60,11 @@ pub fn purge_all_expired(
     conn: &Connection,
     now_unix: i64,
     batch: usize,
-) -> rusqlite::Result<Purged> {
+) -> Result<Purged, StoreError> {
     let mut total = Purged::default();
+    let no_faults = CommitFaults::default();
     loop {
-        let purged = purge_batch_in_transaction(conn, now_unix, batch)?;
+        let purged = purge_batch_in_transaction(conn, now_unix, batch, &no_faults)?;
         total += purged;
         if !purged.was_full(batch) {
             return Ok(total);

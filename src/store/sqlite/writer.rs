@@ -45,7 +45,7 @@ use crate::domain::NormalizedEvent;
 use crate::store::model::{
     ClaimRequest, ClaimedEmail, IdempotentOutcome, Purged, SendResult, WriterStats,
 };
-use crate::store::{CreateOrder, WriteError};
+use crate::store::{CommitFaults, CreateOrder, WriteError};
 
 #[derive(Debug, Clone)]
 pub struct WriterConfig {
@@ -62,6 +62,8 @@ pub struct WriterConfig {
     /// [`rebuild_ledger`](super::rebuild::rebuild_ledger)); `None` leaves that to a sekali that
     /// has one (`serve` does).
     pub reread: Option<super::events::RereadStored>,
+    /// Commits to fail on purpose (the conformance suite's "fail the next commit").
+    pub commit_faults: CommitFaults,
 }
 
 type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
@@ -110,6 +112,10 @@ pub struct WriterCounters {
     outbox_result_batches: AtomicU64,
     outbox_results: AtomicU64,
     reopens: AtomicU64,
+    connections_opened: AtomicU64,
+    /// Not a count: the commits the tests told this writer to fail (see [`CommitFaults`]),
+    /// beside the counters because every commit path reads both.
+    commit_faults: CommitFaults,
 }
 
 impl WriterCounters {
@@ -127,6 +133,7 @@ impl WriterCounters {
             outbox_result_batches: get(&self.outbox_result_batches),
             outbox_results: get(&self.outbox_results),
             reopens: get(&self.reopens),
+            connections_opened: get(&self.connections_opened),
         }
     }
 }
@@ -267,12 +274,15 @@ impl Writer {
     /// Opens the database (creating it and applying the schema) and starts the writer thread.
     pub fn start(config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
         // Open once here so a bad path or a too-new schema fails startup, not the first delivery.
-        let conn = open_writer_connection(&config)?;
+        let counters = Arc::new(WriterCounters {
+            commit_faults: config.commit_faults.clone(),
+            ..WriterCounters::default()
+        });
+        let conn = open_writer_connection(&config, &counters)?;
         if let Some(reread) = config.reread {
             super::rebuild::rebuild_ledger(&conn, reread, clock.now_unix())?;
         }
         let (queue, jobs) = mpsc::sync_channel(config.queue_capacity.max(1));
-        let counters = Arc::new(WriterCounters::default());
         let shared = counters.clone();
         let thread = std::thread::Builder::new()
             .name("sekali-writer".into())
@@ -496,7 +506,7 @@ fn run(
             let started = Instant::now();
             if !records.is_empty() && commit_batch(&conn, records, Now::of(&clock), counters) {
                 tracing::error!("the write connection failed; reopening it");
-                conn = reopen(&config);
+                conn = reopen(&config, counters);
                 counters.reopens.fetch_add(1, Ordering::Relaxed);
             }
             if relay_work {
@@ -504,8 +514,13 @@ fn run(
             }
             for job in others {
                 if let Job::PurgeBatch { limit, reply } = job {
-                    let result = purge::purge_batch_in_transaction(&conn, clock.now_unix(), limit)
-                        .map_err(|e| WriteError::Store(e.into()));
+                    let result = purge::purge_batch_in_transaction(
+                        &conn,
+                        clock.now_unix(),
+                        limit,
+                        &counters.commit_faults,
+                    )
+                    .map_err(WriteError::Store);
                     let _ = reply.send(result);
                 }
             }
@@ -515,7 +530,7 @@ fn run(
             // got WriterGone (503). Start again from a fresh connection.
             tracing::error!("the writer panicked; reopening its connection");
             let _ = conn.execute_batch("ROLLBACK");
-            conn = reopen(&config);
+            conn = reopen(&config, counters);
             counters.reopens.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -583,7 +598,10 @@ impl RecentDeliveries {
     }
 }
 
-fn open_writer_connection(config: &WriterConfig) -> Result<Connection, StoreError> {
+fn open_writer_connection(
+    config: &WriterConfig,
+    counters: &WriterCounters,
+) -> Result<Connection, StoreError> {
     // When a batch reruns with a savepoint per delivery (see `commit_batch`), SQLite empties each
     // savepoint's sub-journal at its RELEASE. `temp_store` is left at the default: the
     // sub-journal is then held in memory up to SQLite's default spill size (64 KiB), spilling to
@@ -591,6 +609,7 @@ fn open_writer_connection(config: &WriterConfig) -> Result<Connection, StoreErro
     // never spills but grows in 1 KiB chunks: five allocations per journaled page, which was a
     // fifth of the writer's time when every delivery had a savepoint.
     let conn = open_for_writing(&config.db_path, config.busy_timeout)?;
+    WriterCounters::add(&counters.connections_opened, 1);
     // The writer checkpoints the WAL itself, after the commit that crosses this many pages, and
     // the deliveries queued meanwhile wait for it. Small checkpoints often rather than SQLite's
     // default of 1000 pages: in six paired runs at 64 connections the p99 fell from 8.7-9.8 ms
@@ -605,9 +624,9 @@ fn open_writer_connection(config: &WriterConfig) -> Result<Connection, StoreErro
 /// See `wal_autocheckpoint` in [`open_writer_connection`].
 const WAL_AUTOCHECKPOINT_PAGES: i64 = 250;
 
-fn reopen(config: &WriterConfig) -> Connection {
+fn reopen(config: &WriterConfig, counters: &WriterCounters) -> Connection {
     loop {
-        match open_writer_connection(config) {
+        match open_writer_connection(config, counters) {
             Ok(conn) => return conn,
             Err(e) => {
                 tracing::error!(error = %crate::telemetry::ErrorChain(&e), "reopening the write connection failed; retrying in 1s");
@@ -745,7 +764,7 @@ fn rerun_without(
         tracing::error!(error = %crate::telemetry::ErrorChain(&error), "the batch transaction is lost; everything in it gets 503");
         poisoned.work.fail();
         records.into_iter().for_each(|job| job.work.fail());
-        return matches!(&error, StoreError::Sqlite(e) if is_connection_fault(e));
+        return error.is_connection_lost();
     }
     if let Err(e) = conn.execute_batch("ROLLBACK") {
         tracing::error!(error = %crate::telemetry::ErrorChain(&StoreError::from(e)), "could not roll back a failed batch; everything in it gets 503");
@@ -775,7 +794,7 @@ fn abandon(conn: &Connection, done: Vec<Done>, broken: StoreError) -> bool {
         let _ = conn.execute_batch("ROLLBACK");
     }
     done.into_iter().for_each(Done::fail);
-    matches!(&broken, StoreError::Sqlite(e) if is_connection_fault(e))
+    broken.is_connection_lost()
 }
 
 /// One transaction for all of `records`, one savepoint each; answers after COMMIT. The
@@ -820,8 +839,9 @@ fn finish_in_savepoints(
 /// 503 to everything, and reopens the connection if `reopen`.
 fn begin(conn: &Connection) -> Result<(), bool> {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let reopen = is_connection_fault(&e);
-        tracing::error!(error = %crate::telemetry::ErrorChain(&StoreError::from(e)), "could not begin the write transaction");
+        let e = StoreError::from(e);
+        let reopen = e.is_connection_lost();
+        tracing::error!(error = %crate::telemetry::ErrorChain(&e), "could not begin the write transaction");
         return Err(reopen);
     }
     if fault_injected("writer::after_begin") {
@@ -834,7 +854,7 @@ fn begin(conn: &Connection) -> Result<(), bool> {
 /// COMMITs the open transaction holding `done`, then answers each; 503 to all if it fails.
 /// Returns true when the connection should be reopened.
 fn commit_and_answer(conn: &Connection, done: Vec<Done>, counters: &WriterCounters) -> bool {
-    if fault_injected("writer::before_commit") {
+    if fault_injected("writer::before_commit") || counters.commit_faults.take() {
         let _ = conn.execute_batch("ROLLBACK");
         done.into_iter().for_each(Done::fail);
         return false;
@@ -845,8 +865,9 @@ fn commit_and_answer(conn: &Connection, done: Vec<Done>, counters: &WriterCounte
         conn.execute_batch("COMMIT")
     };
     if let Err(e) = committed {
-        let broken = is_connection_fault(&e);
-        tracing::error!(error = %crate::telemetry::ErrorChain(&StoreError::from(e)), "COMMIT failed; everything in the batch gets 503");
+        let e = StoreError::from(e);
+        let broken = e.is_connection_lost();
+        tracing::error!(error = %crate::telemetry::ErrorChain(&e), "COMMIT failed; everything in the batch gets 503");
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
@@ -925,17 +946,6 @@ fn log_api_failure(client: &str, error: &StoreError) {
     tracing::error!(client, error = %crate::telemetry::ErrorChain(error), "API work failed and was rolled back alone");
 }
 
-/// Errors after which this connection should not be trusted again. Busy and full are not among
-/// them: they heal without a new connection.
-fn is_connection_fault(error: &rusqlite::Error) -> bool {
-    use rusqlite::ErrorCode::*;
-    matches!(
-        error,
-        rusqlite::Error::SqliteFailure(e, _)
-            if matches!(e.code, SystemIoFailure | NotADatabase | CannotOpen | DatabaseCorrupt | ReadOnly)
-    )
-}
-
 /// Runs `work` inside `SAVEPOINT delivery`, rolled back unless it succeeded and `keep` says so.
 /// The inner result is the work's own (an error there was rolled back alone); the outer error
 /// means the enclosing transaction is no longer usable.
@@ -960,7 +970,7 @@ fn in_savepoint<T>(
 }
 
 fn transaction_lost() -> StoreError {
-    StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+    StoreError::from(rusqlite::Error::SqliteFailure(
         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
         Some("the batch transaction did not commit".into()),
     ))
