@@ -1,13 +1,14 @@
 //! Runtime settings for `sekali serve`. Secrets come only from the environment and are never
 //! printed: [`SecretString`] redacts itself in `Debug`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::providers::{Providers, REGISTRY};
-use crate::store::sqlite::DEFAULT_BUSY_TIMEOUT;
+/// SQLite: how long a statement waits for another process's lock before failing with
+/// `SQLITE_BUSY` (answered as 503, which every provider retries).
+pub use crate::store::sqlite::DEFAULT_BUSY_TIMEOUT;
 
 pub const ENV_API_TOKENS: &str = "SEKALI_API_TOKENS";
 
@@ -100,7 +101,7 @@ pub fn parse_api_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
 #[derive(Clone)]
 pub struct Settings {
     pub listen: String,
-    pub db_path: PathBuf,
+    pub db: crate::store::Location,
     /// The configured providers; a provider not among them answers 404.
     pub providers: Providers,
     /// Bearer tokens for the orders API, each with the name of the calling service; empty means
@@ -138,12 +139,12 @@ impl Settings {
     /// Defaults for everything but the address, the database and the providers.
     pub fn new(
         listen: impl Into<String>,
-        db_path: impl Into<PathBuf>,
+        db: impl Into<crate::store::Location>,
         providers: Providers,
     ) -> Self {
         Settings {
             listen: listen.into(),
-            db_path: db_path.into(),
+            db: db.into(),
             providers,
             api_tokens: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,

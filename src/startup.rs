@@ -11,7 +11,6 @@ use crate::config::{ConfigError, Settings};
 use crate::connections::ConnectionGauge;
 use crate::jobs::purge::run_purge_job;
 use crate::routes::{self, AppState};
-use crate::store::sqlite::{SqliteStore, WriterConfig};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -236,18 +235,19 @@ impl Application {
             warn_of_the_default_sender(mail);
         }
 
-        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(SqliteStore::open(
-            WriterConfig {
-                db_path: settings.db_path.clone(),
+        let store: std::sync::Arc<dyn Store> = crate::store::open(
+            &settings.db,
+            crate::store::Options {
                 batch_max: settings.batch_max,
                 queue_capacity: settings.queue_capacity,
                 busy_timeout: settings.busy_timeout,
                 max_page_count: settings.max_page_count,
                 reread: Some(crate::providers::read_stored),
+                must_exist: false,
                 commit_faults: Default::default(),
             },
             clock.clone(),
-        )?);
+        )?;
         reserved.listen(LISTEN_BACKLOG).map_err(bind_error)?;
         let listener = TcpListener::from(reserved);
         let address = listener.local_addr().map_err(bind_error)?;
@@ -305,7 +305,7 @@ impl Application {
             shutdown.clone(),
         ));
         let relay = settings.relay.clone().map(|(mut config, mail)| {
-            config.db_path = settings.db_path.clone();
+            config.db = settings.db.clone();
             crate::jobs::relay::spawn_relay(
                 config,
                 mail,
@@ -329,7 +329,7 @@ impl Application {
             .collect();
         tracing::info!(
             %address,
-            db = %settings.db_path.display(),
+            db = %settings.db,
             webhooks = %webhook_urls.join(" "),
             // Absent, not `providers=` with nothing after it, when no provider has a word to say.
             providers = (!described.is_empty()).then(|| tracing::field::display(described.join("; "))),

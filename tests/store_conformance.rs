@@ -42,10 +42,20 @@ use serde_json::{json, Value};
 
 /// An engine under test. Each test makes its own with [`Engine::new`] and opens one database.
 pub trait Engine {
-    /// A place for one test's database (a temporary directory, a schema, a database name).
-    fn new() -> Self
+    /// A place for one test's database (a temporary directory, a schema, a database name), or
+    /// `None` when the engine cannot run here (its server is not installed): the test then
+    /// passes without running, and [`Engine::skipped`] is printed once.
+    fn new() -> Option<Self>
     where
         Self: Sized;
+
+    /// The one line printed when this engine's half of the suite is skipped.
+    fn skipped() -> &'static str
+    where
+        Self: Sized,
+    {
+        ""
+    }
 
     /// Opens a fresh, empty database: the server's [`Store`], which takes "now" from `clock`,
     /// and an operator's [`Maintenance`] connection to the same database.
@@ -94,7 +104,12 @@ where
     F: FnOnce(Ctx) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let engine: Rc<dyn Engine> = Rc::new(E::new());
+    let Some(engine) = E::new() else {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| eprintln!("{}", E::skipped()));
+        return;
+    };
+    let engine: Rc<dyn Engine> = Rc::new(engine);
     let clock = ManualClock::new(T0);
     let faults = CommitFaults::default();
     let (store, ops) = engine.open(clock.clone(), faults.clone());
@@ -2925,10 +2940,10 @@ mod sqlite_engine {
     }
 
     impl Engine for SqliteEngine {
-        fn new() -> Self {
-            SqliteEngine {
+        fn new() -> Option<Self> {
+            Some(SqliteEngine {
                 dir: tempfile::tempdir().expect("a temporary directory"),
-            }
+            })
         }
 
         fn open(
@@ -2969,3 +2984,78 @@ mod sqlite_engine {
 use sqlite_engine::SqliteEngine;
 
 conformance_suite!(sqlite, SqliteEngine);
+
+// ==========================================================================================
+// The PostgreSQL engine, on a private server this test binary starts (tests/support).
+// ==========================================================================================
+
+#[path = "support/postgres.rs"]
+mod pg_cluster;
+
+mod postgres_engine {
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    use sekali::clock::SharedClock;
+    use sekali::store::postgres::{PgMaintenance, PgStore, Target, WriterConfig};
+    use sekali::store::sqlite::SqliteMaintenance;
+    use sekali::store::{CommitFaults, Maintenance, Store};
+
+    use super::pg_cluster;
+    use super::Engine;
+
+    /// A database of its own on the shared private server.
+    pub struct PgEngine {
+        target: Target,
+        dir: tempfile::TempDir,
+    }
+
+    impl Engine for PgEngine {
+        fn new() -> Option<Self> {
+            let cluster = pg_cluster::shared()?;
+            let database = cluster.fresh_database();
+            Some(PgEngine {
+                target: Target::parse(&cluster.url(&database)).expect("the test URL"),
+                dir: tempfile::tempdir().expect("a temporary directory"),
+            })
+        }
+
+        fn skipped() -> &'static str {
+            pg_cluster::skip_note()
+        }
+
+        fn open(
+            &self,
+            clock: SharedClock,
+            commit_faults: CommitFaults,
+        ) -> (Arc<dyn Store>, Box<dyn Maintenance>) {
+            let store = PgStore::open(
+                WriterConfig {
+                    target: self.target.clone(),
+                    batch_max: 64,
+                    queue_capacity: 256,
+                    commit_faults,
+                },
+                clock,
+            )
+            .expect("the store opens");
+            let maintenance = PgMaintenance::open(&self.target, true).expect("the database opens");
+            (Arc::new(store), Box::new(maintenance))
+        }
+
+        fn backup_path(&self) -> PathBuf {
+            self.dir.path().join("backup.db")
+        }
+
+        /// A PostgreSQL database's backup is a SQLite file (`sekali backup`).
+        fn open_backup(&self, path: &Path) -> Option<Box<dyn Maintenance>> {
+            Some(Box::new(
+                SqliteMaintenance::open(path, false).expect("the copy opens"),
+            ))
+        }
+    }
+}
+
+use postgres_engine::PgEngine;
+
+conformance_suite!(postgres, PgEngine);

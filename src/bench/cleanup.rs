@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::store::{Maintenance, RunDeletion, RunEmail, RunMarker, StoreError};
+use crate::store::{RunDeletion, RunEmail, RunMarker, StoreError};
 
 /// How long the cleanup waits for a relay to finish the run's emails it holds: longer than
 /// the default lease (`--relay-lease`, 5 minutes), so that the emails of a relay that died
@@ -83,7 +83,7 @@ pub struct CleanedUp {
 /// files in `mail_dir`.
 pub fn clean_up(db: &Path, run: &RunMarker, mail_dir: &Path) -> Result<CleanedUp, CleanupError> {
     use crate::clock::{Clock, SystemClock};
-    let store = crate::store::sqlite::SqliteMaintenance::open(db, true)?;
+    let store = crate::store::maintenance(&crate::store::Location::from(db.to_path_buf()), true)?;
     let started = Instant::now();
     // Whether a relay held some of the run's emails: what the cleanup then waited for.
     let mut relay_held = false;

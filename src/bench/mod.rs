@@ -32,7 +32,7 @@ pub use report::{BenchReport, Cleanup, SlowDelivery};
 
 use crate::clock::{Clock, SystemClock};
 use crate::providers::Provider;
-use crate::store::{Maintenance, RunMarker};
+use crate::store::RunMarker;
 
 #[derive(Clone)]
 pub struct BenchConfig {
@@ -279,7 +279,7 @@ pub fn guard_database(config: &BenchConfig, run_id: &str) -> Result<Option<Strin
             events = config.events,
         )));
     };
-    let outside = crate::store::sqlite::SqliteMaintenance::open(db, false)
+    let outside = crate::store::maintenance(&crate::store::Location::from(db.to_path_buf()), false)
         .and_then(|store| store.orders_outside_runs(3))
         .map_err(|e| BenchError::Check(e.to_string()))?;
     if outside.count == 0 {
@@ -607,8 +607,7 @@ async fn client_loop(
 /// Checks that every unique event of the run left exactly one `processed_events` row and
 /// exactly one effect (its receipt in `email_outbox`) in `db`: `"ok"`, or what differs.
 pub fn check_db(db: &std::path::Path, run_id: &str, unique: usize) -> Result<String, BenchError> {
-    use crate::store::Maintenance;
-    let counts = crate::store::sqlite::SqliteMaintenance::open(db, false)
+    let counts = crate::store::maintenance(&crate::store::Location::from(db.to_path_buf()), false)
         .and_then(|store| store.run_counts(&format!("bench_{run_id}_")))
         .map_err(|e| BenchError::Check(e.to_string()))?;
     let unique = unique as i64;

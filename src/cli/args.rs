@@ -247,9 +247,9 @@ fn http_url(text: &str) -> Result<String, String> {
 
 #[derive(Debug, Args)]
 pub struct DbArgs {
-    /// SQLite database file.
+    /// The database: a SQLite file, or a PostgreSQL URL (postgres://user@host/db).
     #[arg(long, env = "SEKALI_DB", default_value = "sekali.db")]
-    pub db: PathBuf,
+    pub db: crate::store::Location,
 }
 
 #[derive(Debug, Args)]
@@ -257,9 +257,11 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SEKALI_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
-    /// SQLite database file (created if missing).
+    /// The database: a SQLite file (created if missing), or a PostgreSQL URL
+    /// (postgres://user@host/db; several hosts with target_session_attrs=read-write follow a
+    /// failover; the password from the URL or PGPASSWORD).
     #[arg(long, env = "SEKALI_DB", default_value = "sekali.db")]
-    pub db: PathBuf,
+    pub db: crate::store::Location,
     /// Accepted distance in seconds between a Stripe signature's timestamp and now, both ways
     /// [default: 300] (the option stripe.tolerance).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -354,7 +356,7 @@ pub struct RelayArgs {
 impl RelayArgs {
     pub(super) fn into_config(
         self,
-        db_path: PathBuf,
+        db: crate::store::Location,
         host: crate::jobs::relay::RelayHost,
     ) -> (
         crate::jobs::relay::RelayConfig,
@@ -367,8 +369,8 @@ impl RelayArgs {
             std::process::id()
         );
         let config = crate::jobs::relay::RelayConfig {
-            db_path,
-            busy_timeout: crate::store::sqlite::DEFAULT_BUSY_TIMEOUT,
+            db,
+            busy_timeout: crate::config::DEFAULT_BUSY_TIMEOUT,
             base_delay: self.relay_base_delay,
             max_delay: self.relay_max_delay,
             max_attempts: self.relay_max_attempts,

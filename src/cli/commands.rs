@@ -16,7 +16,6 @@ use crate::domain::OrderStatus;
 use crate::jobs::relay::RelayHost;
 use crate::providers::{ProviderSettings, Providers};
 use crate::startup::Application;
-use crate::store::sqlite::{SqliteMaintenance, SqliteStore, WriterConfig};
 use crate::store::{
     EventQuery, Maintenance, NextTry, OperatorChange, OutboxQuery, OutboxRow, Retried, Store,
     StoreError, DEFAULT_PURGE_BATCH,
@@ -88,8 +87,8 @@ impl From<StoreError> for OpenError {
 
 /// The command's connection to the database of `--db`, which must exist; `writable` brings its
 /// schema up to date.
-fn open_maintenance(db: &DbArgs, writable: bool) -> Result<SqliteMaintenance, OpenError> {
-    Ok(SqliteMaintenance::open(&db.db, writable)?)
+fn open_maintenance(db: &DbArgs, writable: bool) -> Result<Box<dyn Maintenance>, OpenError> {
+    Ok(crate::store::maintenance(&db.db, writable)?)
 }
 
 const DONE: CommandResult = Ok(ExitCode::SUCCESS);
@@ -125,7 +124,7 @@ pub(super) fn serve(args: ServeArgs) -> CommandResult {
     if !args.no_relay {
         settings.relay = Some(
             args.relay
-                .into_config(settings.db_path.clone(), RelayHost::Serve),
+                .into_config(settings.db.clone(), RelayHost::Serve),
         );
     }
     let served = actix_web::rt::System::new().block_on(async move {
@@ -151,7 +150,7 @@ pub(super) fn backup(args: BackupArgs) -> CommandResult {
     let report = open_maintenance(&args.db, false)?.backup(&args.out)?;
     crate::outln!(
         "backed up {} to {}: {} pages, {} processed events, {} orders, integrity ok",
-        args.db.db.display(),
+        args.db.db,
         args.out.display(),
         report.pages,
         report.processed_events,
@@ -236,21 +235,20 @@ pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
         let clock: crate::clock::SharedClock = Arc::new(SystemClock);
         // Its own write connection: a writer of its own, which commits each claim and each
         // batch of results in one transaction.
-        let store: Arc<dyn Store> = Arc::new(
-            SqliteStore::open_existing(
-                WriterConfig {
-                    db_path: config.db_path.clone(),
-                    batch_max: crate::config::DEFAULT_BATCH_MAX,
-                    queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
-                    busy_timeout: config.busy_timeout,
-                    max_page_count: None,
-                    reread: None,
-                    commit_faults: Default::default(),
-                },
-                clock.clone(),
-            )
-            .map_err(OpenError::from)?,
-        );
+        let store: Arc<dyn Store> = crate::store::open(
+            &config.db,
+            crate::store::Options {
+                batch_max: crate::config::DEFAULT_BATCH_MAX,
+                queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
+                busy_timeout: config.busy_timeout,
+                max_page_count: None,
+                reread: None,
+                must_exist: true,
+                commit_faults: Default::default(),
+            },
+            clock.clone(),
+        )
+        .map_err(OpenError::from)?;
         let queue = crate::jobs::relay::Queue::own(store.clone());
         let result = crate::jobs::relay::run_relay(config, mail, clock, shutdown, queue).await;
         let _ = actix_web::rt::task::spawn_blocking(move || store.shutdown()).await;

@@ -19,7 +19,6 @@
 //! fight for SQLite's write lock, no fsync per email); as `sekali relay`, on a connection of its
 //! own, one transaction per claim and one per batch of results.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,7 +43,7 @@ pub const DOWNSTREAM_KEY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// The database, for `sekali relay` (the relay inside `serve` writes through the writer).
-    pub db_path: PathBuf,
+    pub db: crate::store::Location,
     pub busy_timeout: Duration,
     pub base_delay: Duration,
     pub max_delay: Duration,
@@ -611,7 +610,7 @@ mod tests {
 
     fn config(base: u64, max: u64, attempts: u32) -> RelayConfig {
         RelayConfig {
-            db_path: PathBuf::new(),
+            db: crate::store::Location::File(std::path::PathBuf::new()),
             busy_timeout: Duration::from_secs(1),
             base_delay: Duration::from_secs(base),
             max_delay: Duration::from_secs(max),

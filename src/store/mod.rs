@@ -16,13 +16,17 @@
 //!   the lease, and a whole batch of results commits together.
 //! - An error means nothing was committed: the caller answers 503 and the sender retries.
 
+pub mod copy;
+mod location;
 pub mod model;
+pub mod postgres;
 pub mod sqlite;
 
 use futures_util::future::BoxFuture;
 
 pub use crate::domain::Outcome;
 use crate::domain::{NormalizedEvent, OrderStatus};
+pub use location::{maintenance, open, Location, Options};
 pub use model::{
     BackupReport, ClaimRequest, ClaimedEmail, DeletedRun, EventDetail, EventQuery, EventSummary,
     IdempotentOutcome, NewOrder, NextTry, OperatorChange, OrderView, OrdersOutsideRuns,
@@ -43,6 +47,10 @@ pub enum StoreError {
     /// does not.
     #[error("cannot open the database file {path}: {reason}")]
     CannotOpen { path: String, reason: String },
+    /// The database server could not be reached or refused the connection; `reason` is what it
+    /// said (a wrong password, an unknown database, no route to the host).
+    #[error("cannot connect to the database {target}: {reason}")]
+    CannotConnect { target: String, reason: String },
     /// The database opens but cannot keep sekali's promises as it is set up (a file that can
     /// only be read, a journal mode without durable commits, a server that acknowledges commits
     /// before they are on disk). Found at open, so `serve` refuses to start instead of
@@ -302,6 +310,10 @@ pub trait Maintenance {
 
     /// A consistent copy of the database at `out`, checked and durable before this returns.
     fn backup(&self, out: &std::path::Path) -> Result<BackupReport, StoreError>;
+
+    /// Every row of every table of [`copy::TABLES`], from one consistent snapshot, table by
+    /// table in that order: `visit(table, row)` (what `sekali copy` moves to another engine).
+    fn export(&self, visit: copy::Visit<'_>) -> Result<(), StoreError>;
 
     /// Rows of one load-generator run: events whose id, and orders and emails whose order id,
     /// contain `marker`.

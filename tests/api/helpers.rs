@@ -76,12 +76,16 @@ pub async fn spawn_app() -> TestApp {
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let dir = tempfile::tempdir().expect("temp dir");
     let db_path = dir.path().join("sekali.db");
-    let mut settings = Settings::new("127.0.0.1:0", &db_path, providers_with(&[]));
+    let mut settings = Settings::new("127.0.0.1:0", db_path, providers_with(&[]));
     settings.workers = 2;
     settings.handle_signals = false;
     settings.shutdown_timeout = Duration::from_secs(5);
     adjust(&mut settings);
-    let db_path = settings.db_path.clone();
+    let db_path = settings
+        .db
+        .file()
+        .expect("the tests' server runs on a SQLite file")
+        .to_path_buf();
     let clock = ManualClock::new(SystemClock.now_unix());
     let app = Application::build(settings, clock.clone()).expect("the app builds");
     let port = app.port();

@@ -116,7 +116,7 @@ async fn spawn_mock(script: Script) -> Mock {
 
 fn relay_config(db: &Path) -> RelayConfig {
     RelayConfig {
-        db_path: db.to_owned(),
+        db: db.to_path_buf().into(),
         busy_timeout: Duration::from_secs(5),
         base_delay: Duration::from_secs(1),
         max_delay: Duration::from_secs(8),

@@ -45,7 +45,7 @@ async fn a_version_1_database_is_rewritten_in_place_and_keeps_its_rows() {
     version_1_database(&db);
 
     let v1_db = db.clone();
-    let app = spawn_app_with(move |settings| settings.db_path = v1_db).await;
+    let app = spawn_app_with(move |settings| settings.db = v1_db.into()).await;
     assert_eq!(user_version(&db), SCHEMA_VERSION);
 
     // The stored definitions no longer hold IN lists over three or more values.
@@ -164,7 +164,7 @@ async fn a_version_2_database_gains_the_first_try_column_in_place_and_keeps_its_
     drop(conn);
 
     let v2_db = db.clone();
-    let app = spawn_app_with(move |settings| settings.db_path = v2_db).await;
+    let app = spawn_app_with(move |settings| settings.db = v2_db.into()).await;
     assert_eq!(user_version(&db), SCHEMA_VERSION);
     let conn = Connection::open(&db).unwrap();
     let (key, attempts, first): (String, i64, Option<String>) = conn
@@ -223,7 +223,7 @@ async fn a_version_3_database_gains_the_paid_amount_and_the_reversed_outcome_in_
     drop(conn);
 
     let v3_db = db.clone();
-    let app = spawn_app_with(move |settings| settings.db_path = v3_db).await;
+    let app = spawn_app_with(move |settings| settings.db = v3_db.into()).await;
     assert_eq!(user_version(&db), SCHEMA_VERSION);
     // The order kept its row; its stored event says nothing of money, and the ledger takes what
     // the row showed paid as its payment's (version 3 kept no paid amount).
@@ -297,7 +297,7 @@ async fn a_version_4_database_loses_its_provider_checks_and_its_parked_events_st
     drop(conn);
 
     let v4_db = db.clone();
-    let app = spawn_app_with(move |settings| settings.db_path = v4_db).await;
+    let app = spawn_app_with(move |settings| settings.db = v4_db.into()).await;
     assert_eq!(user_version(&db), SCHEMA_VERSION);
     let linking = app.deliver_stripe("payment_intent.succeeded").await;
     assert_eq!(linking.outcome(), "processed");
@@ -349,7 +349,7 @@ async fn a_version_5_database_gains_the_payers_address_and_the_transitions_autho
     drop(conn);
 
     let v5_db = db.clone();
-    let app = spawn_app_with(move |settings| settings.db_path = v5_db).await;
+    let app = spawn_app_with(move |settings| settings.db = v5_db.into()).await;
     assert_eq!(user_version(&db), SCHEMA_VERSION);
     assert_eq!(
         app.texts("SELECT order_id || ' ' || customer_email || ' ' || coalesce(payer_email, '-') FROM orders ORDER BY order_id"),

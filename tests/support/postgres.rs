@@ -31,9 +31,6 @@ pub struct Cluster {
     as_postgres: bool,
 }
 
-/// Where the server binaries were looked for.
-const LOOKED_AT: &str = "$SEKALI_PG_BIN, `pg_config --bindir`, /usr/lib/postgresql/*/bin";
-
 /// The line to print when PostgreSQL is not installed and its half of the tests is skipped.
 pub fn skip_note() -> &'static str {
     "note: the PostgreSQL tests were skipped: no PostgreSQL server found ($SEKALI_PG_BIN, \
@@ -88,7 +85,11 @@ impl Cluster {
     pub fn start() -> Option<Cluster> {
         let Some(bin) = find_bindir() else {
             let required = std::env::var("SEKALI_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
-            assert!(!required, "SEKALI_REQUIRE_POSTGRES=1 but no PostgreSQL server in {LOOKED_AT}: `apt-get install postgresql`");
+            assert!(
+                !required,
+                "SEKALI_REQUIRE_POSTGRES=1, but no PostgreSQL server was found ($SEKALI_PG_BIN, \
+                 `pg_config --bindir`, /usr/lib/postgresql/*/bin): `apt-get install postgresql`"
+            );
             return None;
         };
         // A short path: the path of a Unix socket is limited to about 107 bytes.

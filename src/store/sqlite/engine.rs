@@ -198,6 +198,14 @@ impl Maintenance for SqliteMaintenance {
         backup::backup_database(&self.path, out, self.busy_timeout)
     }
 
+    fn export(
+        &self,
+        visit: &mut (dyn FnMut(usize, &[crate::store::copy::Cell]) -> Result<(), StoreError>
+                  + Send),
+    ) -> Result<(), StoreError> {
+        super::copy::export(&self.conn, visit)
+    }
+
     fn run_counts(&self, marker: &str) -> Result<RunCounts, StoreError> {
         Ok(reads::run_counts(&self.conn, marker)?)
     }

@@ -1,0 +1,208 @@
+//! Where the database is: a `postgres://` URL, read and checked, and connections to it.
+//!
+//! The URL is libpq's (`postgres://user:password@host:port/db?option=value`), parsed by
+//! `tokio-postgres`: several hosts (`host1:5432,host2:5432`) with
+//! `target_session_attrs=read-write` make a connection go to whichever host is the primary, so
+//! after a failover sekali reconnects to the promoted standby by itself. A password comes from
+//! the URL or, as with libpq, from `PGPASSWORD`; it is never printed: a [`Target`] shows as its
+//! hosts, port, user and database only.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use postgres::config::{Host, SslMode};
+use postgres::{Client, NoTls};
+
+use crate::store::StoreError;
+
+/// How long one attempt to connect may take, unless the URL sets `connect_timeout`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A PostgreSQL database named by a URL.
+#[derive(Clone)]
+pub struct Target {
+    config: postgres::Config,
+}
+
+impl Target {
+    /// Reads a `postgres://` (or `postgresql://`) URL; an error names what is wrong with it and
+    /// never repeats a password.
+    pub fn parse(url: &str) -> Result<Target, StoreError> {
+        let mut config = postgres::Config::from_str(url).map_err(|e| {
+            StoreError::Unfit(format!(
+                "the database URL {} is not one PostgreSQL accepts: {e}",
+                redact(url)
+            ))
+        })?;
+        if config.get_hosts().is_empty() {
+            return Err(StoreError::Unfit(format!(
+                "the database URL {} names no host",
+                redact(url)
+            )));
+        }
+        if config.get_ssl_mode() == SslMode::Require {
+            return Err(StoreError::Unfit(format!(
+                "the database URL {} asks for sslmode=require, but this sekali connects without TLS; connect over a unix socket or a private network (sslmode=disable or prefer)",
+                redact(url)
+            )));
+        }
+        if config.get_password().is_none() {
+            if let Ok(password) = std::env::var("PGPASSWORD") {
+                config.password(password);
+            }
+        }
+        if config.get_user().is_none() {
+            // libpq's default: the operating system's user name.
+            let user = std::env::var("PGUSER")
+                .ok()
+                .or_else(|| whoami::username().ok());
+            if let Some(user) = user {
+                config.user(&user);
+            }
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("sekali");
+        }
+        Ok(Target { config })
+    }
+
+    /// Opens a connection and checks that the server keeps commits on disk before it
+    /// acknowledges them (see [`check_durability`]).
+    pub fn connect(&self) -> Result<Client, StoreError> {
+        let mut client = self.config.connect(NoTls).map_err(|e| {
+            let reason = match e.as_db_error() {
+                Some(db) => format!("{} ({})", db.message(), db.code().code()),
+                None => crate::telemetry::ErrorChain(&e).to_string(),
+            };
+            StoreError::CannotConnect {
+                target: self.to_string(),
+                reason,
+            }
+        })?;
+        check_durability(&mut client, self)?;
+        Ok(client)
+    }
+
+    /// The driver's settings (for the read pool's connections).
+    pub(super) fn config(&self) -> &postgres::Config {
+        &self.config
+    }
+
+    /// The database's name, for messages.
+    pub fn database(&self) -> &str {
+        self.config.get_dbname().unwrap_or("(the user's)")
+    }
+}
+
+/// sekali answers 2xx only after COMMIT returns, which promises durability only if the server
+/// flushes its WAL before it answers. `synchronous_commit` is set on for sekali's sessions
+/// whatever the server's default (`off` would acknowledge commits a crash loses); `fsync` cannot
+/// be set per session, so a server running with `fsync=off` is refused.
+fn check_durability(client: &mut Client, target: &Target) -> Result<(), StoreError> {
+    client.batch_execute("SET synchronous_commit = on")?;
+    let fsync: String = client.query_one("SHOW fsync", &[])?.try_get(0)?;
+    if fsync != "on" {
+        return Err(StoreError::Unfit(format!(
+            "the PostgreSQL server of {target} runs with fsync={fsync}: a commit it acknowledges can be lost in a crash, and sekali answers 2xx only for what is durable; set fsync=on in postgresql.conf"
+        )));
+    }
+    Ok(())
+}
+
+impl fmt::Display for Target {
+    /// `host1:5432,host2:5432/db (user sekali)`: no password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ports = self.config.get_ports();
+        for (i, host) in self.config.get_hosts().iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match host {
+                Host::Tcp(name) => f.write_str(name)?,
+                Host::Unix(path) => write!(f, "{}", path.display())?,
+            }
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            write!(f, ":{port}")?;
+        }
+        write!(
+            f,
+            "/{} (user {})",
+            self.database(),
+            self.config.get_user().unwrap_or("?")
+        )
+    }
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Target({self})")
+    }
+}
+
+/// True when `text` names a PostgreSQL database rather than a SQLite file.
+pub fn is_url(text: &str) -> bool {
+    text.starts_with("postgres://") || text.starts_with("postgresql://")
+}
+
+/// `url` with the password of its user part, if any, replaced by `***`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let shown = match authority.rsplit_once('@') {
+        Some((user_part, hosts)) => {
+            let user = user_part.split(':').next().unwrap_or("");
+            let hidden = if user_part.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{hidden}@{hosts}{tail}")
+        }
+        None => url.to_owned(),
+    };
+    // `?password=…` is a libpq option too.
+    let Some((head, query)) = shown.split_once('?') else {
+        return shown;
+    };
+    let options: Vec<&str> = query
+        .split('&')
+        .map(|option| match option.split_once('=') {
+            Some(("password", _)) => "password=***",
+            _ => option,
+        })
+        .collect();
+    format!("{head}?{}", options.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{redact, Target};
+
+    #[test]
+    fn a_url_shows_without_its_password() {
+        assert_eq!(
+            redact("postgres://shop:s3cret@db1:5432,db2:5432/sekali?sslmode=disable"),
+            "postgres://shop:***@db1:5432,db2:5432/sekali?sslmode=disable"
+        );
+        assert_eq!(
+            redact("postgresql://db/sekali?user=shop&password=s3cret"),
+            "postgresql://db/sekali?user=shop&password=***"
+        );
+        let target = Target::parse("postgres://shop:s3cret@db1:5433,db2/sekali").unwrap();
+        let shown = format!("{target} {target:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert_eq!(target.to_string(), "db1:5433,db2:5432/sekali (user shop)");
+    }
+
+    #[test]
+    fn an_unknown_option_is_named_and_no_password_is_repeated() {
+        let error = Target::parse("postgres://shop:s3cret@db/sekali?sslmod=disable")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("sslmod"), "{error}");
+        assert!(!error.contains("s3cret"), "{error}");
+    }
+}

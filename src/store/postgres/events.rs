@@ -1,0 +1,592 @@
+//! Claiming an event and applying its effects, inside a transaction the caller owns.
+//!
+//! The caller (the writer thread) opens a transaction and a SAVEPOINT per delivery, calls
+//! [`record_event_and_apply`], and rolls the savepoint back on [`Outcome::Duplicate`] or an error.
+//! So the claim in `processed_events`, the payment's facts, the order change and the outbox rows
+//! commit together or not at all.
+//!
+//! Several instances write at once (READ COMMITTED), where SQLite had one writer: what a
+//! delivery reads to decide what it writes is locked first. The claim is a unique key (a second
+//! instance's claim of the same event waits for the first's commit, then finds it claimed); the
+//! payment's row is locked before its facts are read and merged ([`ledger::load_locked`]); the
+//! order's row is locked before it is read ([`load_order`]), which also serialises the reading
+//! of the order's other payments, since every writer linking or changing one of them locks the
+//! order first. Payment before order, as the order is found through the payment.
+
+use postgres::types::ToSql;
+
+use super::ledger;
+use super::{get, Db, StoreError};
+use crate::clock::iso_seconds;
+use crate::domain::decide;
+use crate::domain::decision::News;
+use crate::domain::ledger::{OperatorDecision, OrderPayment, PaymentFacts};
+use crate::domain::text::Escaped;
+pub use crate::domain::Outcome;
+use crate::domain::{
+    NormalizedEvent, OrderRef, OrderState, OrderStatus, ProviderName, QueuedNotice,
+};
+use crate::store::ErrorKind;
+
+/// Marks processed the events parked under the payment `$2` of provider `$1`, for the order
+/// `$3`. A parked event waits under its payment's key (`processed_events.payment_intent_id`):
+/// the key its payment had when it was parked, moved to the payment's own when that name turns
+/// out to be another name of it (`ledger::adopt_aliases`). One key, so that the statement is a
+/// search of the partial index of parked events.
+pub(super) const PARK_RELEASE: &str =
+    "UPDATE processed_events SET outcome = 'processed', order_id = $3
+     WHERE outcome = 'parked' AND payment_intent_id = $2 AND provider = $1";
+
+/// Claims `event` and applies its effects. `payload` is the raw verified body.
+///
+/// Returns [`Outcome::Duplicate`] when a live claim already exists; the caller must then roll
+/// back its savepoint (nothing was written, but rolling back keeps that a structural guarantee).
+pub fn record_event_and_apply(
+    db: &mut Db<'_, '_>,
+    event: &NormalizedEvent,
+    payload: &str,
+    now_unix: i64,
+) -> Result<Outcome, StoreError> {
+    let now = iso_seconds(now_unix);
+    let retention = i64::try_from(event.retention.as_secs()).unwrap_or(i64::MAX / 2);
+    let expires_at = iso_seconds(now_unix.saturating_add(retention));
+    let known_order_id = match &event.order_ref {
+        OrderRef::OrderId(id) => Some(id.as_str()),
+        _ => None,
+    };
+    if let Some(legacy) = &event.legacy_event_id {
+        if is_claimed_for_order(db, &event.provider, legacy, known_order_id, &now)? {
+            return Ok(Outcome::Duplicate);
+        }
+    }
+
+    // The claim. A row whose retention has run out counts as absent even before the purge
+    // removes it, so the contract "a delivery older than the retention is new" holds exactly.
+    // Claimed again, it takes a new rowid: listings go by rowid as arrival order, and the new
+    // claim is the newest arrival (`rowid = DEFAULT`: the identity's next value, where SQLite
+    // takes max(rowid) + 1). Another instance claiming the same event at the same time waits
+    // here for this transaction's end (the unique key), then finds the claim live: a duplicate.
+    let payment_ref = event.payment_ref();
+    let claimed = db.execute(
+        "INSERT INTO processed_events
+             (provider, event_id, event_type, order_id, outcome, received_at, expires_at,
+              payment_intent_id, payload)
+         VALUES ($1, $2, $3, $4, 'processed', $5, $6, $7, $8)
+         ON CONFLICT (provider, event_id) DO UPDATE SET
+             event_type = excluded.event_type, order_id = excluded.order_id,
+             outcome = excluded.outcome, received_at = excluded.received_at,
+             expires_at = excluded.expires_at, payment_intent_id = excluded.payment_intent_id,
+             payload = excluded.payload,
+             rowid = DEFAULT
+         WHERE processed_events.expires_at <= excluded.received_at",
+        &[
+            &event.provider.as_str(),
+            &event.event_id,
+            &event.event_type,
+            &known_order_id,
+            &now,
+            &expires_at,
+            &payment_ref,
+            &payload,
+        ],
+    )?;
+    if claimed == 0 {
+        return Ok(Outcome::Duplicate);
+    }
+    fail::fail_point!("store::after_claim", |_| Err(StoreError::Injected(
+        "store::after_claim"
+    )));
+
+    let (outcome, order_id) = resolve_and_apply(db, event, &now)?;
+    if outcome != Outcome::Processed || order_id.as_deref() != known_order_id {
+        set_event_outcome(
+            db,
+            &event.provider,
+            &event.event_id,
+            outcome,
+            order_id.as_deref(),
+        )?;
+    }
+    fail::fail_point!("store::after_effects", |_| Err(StoreError::Injected(
+        "store::after_effects"
+    )));
+    Ok(outcome)
+}
+
+/// True when `event_id` holds a claim that has not expired, made for `order_id` (or for no
+/// order). An id in the earlier, unescaped form is ambiguous: the same text can stand for two
+/// orders' notifications, and only the one of the same order is this delivery.
+fn is_claimed_for_order(
+    db: &mut Db<'_, '_>,
+    provider: &ProviderName,
+    event_id: &str,
+    order_id: Option<&str>,
+    now: &str,
+) -> Result<bool, StoreError> {
+    let row = db.query_one(
+        "SELECT EXISTS (SELECT 1 FROM processed_events
+                        WHERE provider = $1::text AND event_id = $2::text
+                          AND expires_at > $3::text
+                          AND (order_id IS NULL OR order_id IS NOT DISTINCT FROM $4::text))",
+        &[&provider.as_str(), &event_id, &now, &order_id],
+    )?;
+    get(&row, 0)
+}
+
+/// Merges the event's facts into its payment and, when the payment's order is known, applies
+/// what the order's payments now say; returns the outcome and the order id.
+fn resolve_and_apply(
+    db: &mut Db<'_, '_>,
+    event: &NormalizedEvent,
+    now: &str,
+) -> Result<(Outcome, Option<String>), StoreError> {
+    let Some(report) = &event.payment else {
+        let order_id = match &event.order_ref {
+            OrderRef::OrderId(id) => Some(id.clone()),
+            _ => None,
+        };
+        return Ok((Outcome::Ignored, order_id));
+    };
+    let provider = event.provider.as_str();
+    // The payment's row is locked before anything of it is read, and read here, before the
+    // aliases are adopted rather than after as in SQLite (adopting them writes no row of this
+    // payment, so it reads the same): two instances delivering events of one payment merge one
+    // after the other. A payment with no row yet is held by its key (`load_locked`); when this
+    // had to wait for another instance that has meanwhile made the name an alias of another
+    // payment (and folded its row into it), the name is looked up again, and the payment it
+    // now names is the one locked: as SQLite, running after that instance, would have found.
+    let mut reference = ledger::canonical(db, provider, &report.reference)?;
+    let stored = loop {
+        let stored = ledger::load_locked(db, provider, &reference)?;
+        if stored.is_some() {
+            break stored;
+        }
+        let now_named = ledger::canonical(db, provider, &report.reference)?;
+        if now_named == reference {
+            break None;
+        }
+        reference = now_named;
+    };
+    let (folded, linked_through_alias) =
+        ledger::adopt_aliases(db, provider, &reference, &report.aliases)?;
+    let linked = stored
+        .as_ref()
+        .and_then(|s| s.order_id.clone())
+        .or(linked_through_alias);
+    let before = stored.map(|s| s.facts).unwrap_or_default();
+    let mut after = before.clone();
+    after.merge(&folded);
+    after.merge(&report.facts);
+    let news = if before.material() != after.material() {
+        News::New
+    } else if report.facts.material() == after.material() {
+        News::Same
+    } else {
+        News::Older
+    };
+
+    let order_id = match (&event.order_ref, &linked) {
+        (OrderRef::OrderId(named), Some(linked)) if named != linked => {
+            // A payment pays one order: the first link stands, and the event's facts are that
+            // order's. Said, as a provider should not do this.
+            tracing::warn!(
+                provider,
+                payment = %Escaped(&reference),
+                named = %Escaped(named),
+                linked = %Escaped(linked),
+                "an event names another order than the one its payment is linked to; its facts count for the linked one"
+            );
+            linked.clone()
+        }
+        (OrderRef::OrderId(named), _) => named.clone(),
+        (_, Some(linked)) => linked.clone(),
+        (_, None) => {
+            // No order yet: the facts wait on the payment, and the event under its key.
+            ledger::save(db, provider, &reference, None, &before, &after, now)?;
+            if reference != report.reference {
+                db.execute(
+                    "UPDATE processed_events SET payment_intent_id = $3
+                     WHERE provider = $1 AND event_id = $2",
+                    &[&provider, &event.event_id, &reference],
+                )?;
+            }
+            return Ok((Outcome::Parked, None));
+        }
+    };
+
+    // The order's row is locked before it is read (`load_order`), and its key held when it has
+    // none yet: two instances changing one order (two of its payments, or a payment and an
+    // operator's decision or the API's creation of it) compute it one after the other, each
+    // from the other's result, instead of the later commit overwriting the earlier's.
+    let current = lock_order(db, &order_id, provider, &event.event_id, now)?;
+    let others: Vec<(String, ledger::StoredPayment)> = ledger::of_order(db, &order_id)?
+        .into_iter()
+        .filter(|(p, stored)| !(p == provider && stored.reference == reference))
+        .collect();
+    let mut before_payments = ledger::views(&others);
+    let mut after_payments = before_payments.clone();
+    // A payment newly linked did not count for the order before this event.
+    if linked.is_some() {
+        before_payments.push(OrderPayment {
+            provider,
+            reference: &reference,
+            facts: &before,
+        });
+    }
+    after_payments.push(OrderPayment {
+        provider,
+        reference: &reference,
+        facts: &after,
+    });
+    let decision = decide(
+        &order_id,
+        current.as_ref(),
+        event,
+        &before_payments,
+        &after_payments,
+        news,
+    );
+
+    // Saved whenever the merge changed anything, not only in what counts (`News::New`): a
+    // later time of the same attempt state (a retry's `processing` after a decline) must be
+    // kept, or an older event delivered after it would win the merge.
+    if after != before || linked.as_deref() != Some(order_id.as_str()) {
+        ledger::save(
+            db,
+            provider,
+            &reference,
+            Some(&order_id),
+            &before,
+            &after,
+            now,
+        )?;
+    }
+    // A payment linked by this event, or one that took in the facts of another name of it
+    // (which may have been waiting unlinked).
+    if linked.is_none() || folded != PaymentFacts::default() {
+        // The events whose facts waited for this link count now: those parked under the
+        // payment's key, which includes those parked under another name of it (a refund parked
+        // under a PaymentIntent that an invoice, named by the order, turned out to be paid by).
+        db.execute(PARK_RELEASE, &[&provider, &reference, &order_id])?;
+    }
+    if !matches!(decision.outcome, Outcome::Processed | Outcome::Stale) {
+        tracing::warn!(
+            order_id = %Escaped(&order_id),
+            provider,
+            event_type = %Escaped(&event.event_type),
+            outcome = decision.outcome.as_str(),
+            reason = %Escaped(decision.next.review.as_deref().unwrap_or("")),
+            "order moved to needs_review"
+        );
+    }
+    save_order(db, event, &order_id, &decision, now)?;
+    Ok((decision.outcome, Some(order_id)))
+}
+
+/// The order `order_id` as [`load_order`] reads it, its row locked; when it has no row yet, its
+/// key is held instead, by inserting a row and deleting it again in this transaction: another
+/// instance's insert of the order (a delivery creating it, `POST /orders`) waits for this
+/// transaction to end, and then finds the order this one wrote. Returns `None` then, and leaves
+/// no row behind (the caller writes the order, `write_order` inserting it).
+fn lock_order(
+    db: &mut Db<'_, '_>,
+    order_id: &str,
+    provider: &str,
+    event_id: &str,
+    now: &str,
+) -> Result<Option<OrderState>, StoreError> {
+    let held = db.execute(
+        "INSERT INTO orders (order_id, provider, status, created_at, updated_at, last_event_id)
+         VALUES ($1, $2, 'pending', $3, $3, $4)
+         ON CONFLICT (order_id) DO NOTHING",
+        &[&order_id, &provider, &now, &event_id],
+    )?;
+    if held != 0 {
+        db.execute("DELETE FROM orders WHERE order_id = $1", &[&order_id])?;
+        return Ok(None);
+    }
+    load_order(db, order_id)
+}
+
+fn set_event_outcome(
+    db: &mut Db<'_, '_>,
+    provider: &ProviderName,
+    event_id: &str,
+    outcome: Outcome,
+    order_id: Option<&str>,
+) -> Result<(), StoreError> {
+    db.execute(
+        "UPDATE processed_events SET outcome = $3, order_id = $4 WHERE provider = $1 AND event_id = $2",
+        &[&provider.as_str(), &event_id, &outcome.as_str(), &order_id],
+    )?;
+    Ok(())
+}
+
+/// An order's column that holds what no order can have.
+fn unreadable(column: &str, value: &str) -> StoreError {
+    StoreError::database(
+        ErrorKind::Permanent,
+        std::io::Error::other(format!("orders.{column} holds `{value}`")),
+    )
+}
+
+/// The order `order_id`, if it exists, its row locked (`FOR UPDATE`) until the transaction
+/// ends: its callers read it to write it (a delivery, an operator's decision), and another
+/// instance changing the same order meanwhile would otherwise be overwritten by a change
+/// computed from the row before its own.
+pub(crate) fn load_order(
+    db: &mut Db<'_, '_>,
+    order_id: &str,
+) -> Result<Option<OrderState>, StoreError> {
+    let Some(row) = db.query_opt(
+        "SELECT status, provider, amount, refunded_amount, currency, customer_email,
+                payment_intent_id, source = 'api', paid_amount, paid_currency, amount_exponent,
+                payer_email, review_reason, operator_status, operator_money, acknowledged,
+                announced_returned
+         FROM orders WHERE order_id = $1
+         FOR UPDATE",
+        &[&order_id],
+    )?
+    else {
+        return Ok(None);
+    };
+    let status: String = get(&row, 0)?;
+    let provider: String = get(&row, 1)?;
+    let operator_status: Option<String> = get(&row, 13)?;
+    let operator_money: Option<String> = get(&row, 14)?;
+    let operator = match (operator_status, operator_money) {
+        (Some(status), Some(money)) => Some(OperatorDecision {
+            status: status
+                .parse()
+                .map_err(|_| unreadable("operator_status", &status))?,
+            money: serde_json::from_str(&money)
+                .map_err(|_| unreadable("operator_money", &money))?,
+        }),
+        _ => None,
+    };
+    let acknowledged: Option<String> = get(&row, 15)?;
+    let exponent: Option<i64> = get(&row, 10)?;
+    Ok(Some(OrderState {
+        status: status.parse().map_err(|_| unreadable("status", &status))?,
+        provider: ProviderName::from_owned(provider)
+            .map_err(|provider| unreadable("provider", &provider))?,
+        exponent: exponent
+            .map(|e| u32::try_from(e).map_err(|_| unreadable("amount_exponent", &e.to_string())))
+            .transpose()?,
+        from_api: get(&row, 7)?,
+        amount: get(&row, 2)?,
+        refunded_amount: get(&row, 3)?,
+        currency: get(&row, 4)?,
+        customer_email: get(&row, 5)?,
+        payer_email: get(&row, 11)?,
+        payment_ref: get(&row, 6)?,
+        paid_amount: get(&row, 8)?,
+        paid_currency: get(&row, 9)?,
+        review: get(&row, 12)?,
+        operator,
+        acknowledged: match acknowledged {
+            Some(text) => {
+                serde_json::from_str(&text).map_err(|_| unreadable("acknowledged", &text))?
+            }
+            None => Vec::new(),
+        },
+        announced: get(&row, 16)?,
+    }))
+}
+
+/// Writes the order as `decision` says (inserting it when the event created it), and records the
+/// change with its notices when it is one.
+fn save_order(
+    db: &mut Db<'_, '_>,
+    event: &NormalizedEvent,
+    order_id: &str,
+    decision: &crate::domain::Decision,
+    now: &str,
+) -> Result<(), StoreError> {
+    let state = &decision.next;
+    let by = ChangedBy::event(event.provider.as_str(), &event.event_id);
+    write_order(
+        db,
+        order_id,
+        state,
+        &by,
+        now,
+        decision.record || decision.created,
+    )?;
+    if decision.record {
+        record_transition(db, &by, order_id, decision.from, state, now)?;
+    }
+    for notice in &decision.notices {
+        queue(db, by.provider, by.event_id, order_id, state, notice, now)?;
+    }
+    Ok(())
+}
+
+/// Inserts or updates the order's row; `changed` also sets when and by which event it last
+/// changed.
+pub(crate) fn write_order(
+    db: &mut Db<'_, '_>,
+    order_id: &str,
+    state: &OrderState,
+    by: &ChangedBy<'_>,
+    now: &str,
+    changed: bool,
+) -> Result<(), StoreError> {
+    let operator_money = state
+        .operator
+        .as_ref()
+        .map(|d| serde_json::to_string(&d.money).expect("plain numbers serialise"));
+    let acknowledged = (!state.acknowledged.is_empty())
+        .then(|| serde_json::to_string(&state.acknowledged).expect("strings serialise"));
+    let operator_status = state.operator.as_ref().map(|d| d.status.as_str());
+    let exponent = state.exponent.map(i64::from);
+    let params: [&(dyn ToSql + Sync); 20] = [
+        &order_id,
+        &state.provider.as_str(),
+        &state.status.as_str(),
+        &state.amount,
+        &state.refunded_amount,
+        &state.currency,
+        &state.customer_email,
+        &state.payment_ref,
+        &now,
+        &by.event_id,
+        &state.paid_amount,
+        &state.paid_currency,
+        &exponent,
+        &state.payer_email,
+        &state.review,
+        &operator_status,
+        &operator_money,
+        &acknowledged,
+        &state.announced,
+        &changed,
+    ];
+    db.execute(
+        "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
+                             customer_email, payment_intent_id, created_at, updated_at, last_event_id,
+                             paid_amount, paid_currency, amount_exponent, payer_email, review_reason,
+                             operator_status, operator_money, acknowledged, announced_returned)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+                 $19)
+         ON CONFLICT (order_id) DO UPDATE SET
+             status = excluded.status, amount = excluded.amount,
+             refunded_amount = excluded.refunded_amount, currency = excluded.currency,
+             customer_email = excluded.customer_email, payment_intent_id = excluded.payment_intent_id,
+             updated_at = CASE WHEN $20::boolean THEN excluded.updated_at ELSE orders.updated_at END,
+             last_event_id = CASE WHEN $20::boolean THEN excluded.last_event_id ELSE orders.last_event_id END,
+             paid_amount = excluded.paid_amount, paid_currency = excluded.paid_currency,
+             amount_exponent = excluded.amount_exponent, payer_email = excluded.payer_email,
+             review_reason = excluded.review_reason, operator_status = excluded.operator_status,
+             operator_money = excluded.operator_money, acknowledged = excluded.acknowledged,
+             announced_returned = excluded.announced_returned",
+        &params,
+    )?;
+    Ok(())
+}
+
+/// Who made a change, as the audit trail records it (`order_transitions.provider`, `event_id`,
+/// `actor`, `reason`).
+pub(crate) struct ChangedBy<'a> {
+    /// A provider's name, `api` or `operator`.
+    pub provider: &'a str,
+    pub event_id: &'a str,
+    /// The operator's or the API client's name.
+    pub actor: Option<&'a str>,
+    /// The operator's reason.
+    pub reason: Option<&'a str>,
+}
+
+impl<'a> ChangedBy<'a> {
+    /// A provider's event.
+    pub fn event(provider: &'a str, event_id: &'a str) -> Self {
+        ChangedBy {
+            provider,
+            event_id,
+            actor: None,
+            reason: None,
+        }
+    }
+}
+
+/// The effects of a change made by hand (an operator's status, an API order's creation): its row
+/// in the audit trail and the customer notice the new status carries.
+pub(crate) fn record_change(
+    db: &mut Db<'_, '_>,
+    by: &ChangedBy<'_>,
+    order_id: &str,
+    from: Option<OrderStatus>,
+    to: &OrderState,
+    now: &str,
+) -> Result<(), StoreError> {
+    record_transition(db, by, order_id, from, to, now)?;
+    if let Some(notice) = crate::domain::notice::for_status(order_id, to, by.provider, by.event_id)
+    {
+        queue(db, by.provider, by.event_id, order_id, to, &notice, now)?;
+    }
+    Ok(())
+}
+
+/// Appends to the audit trail.
+pub(crate) fn record_transition(
+    db: &mut Db<'_, '_>,
+    by: &ChangedBy<'_>,
+    order_id: &str,
+    from: Option<OrderStatus>,
+    to: &OrderState,
+    now: &str,
+) -> Result<(), StoreError> {
+    let from = from.map(OrderStatus::as_str);
+    db.execute(
+        "INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount, provider,
+                                        event_id, changed_at, actor, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        &[
+            &order_id,
+            &from,
+            &to.status.as_str(),
+            &to.refunded_amount,
+            &by.provider,
+            &by.event_id,
+            &now,
+            &by.actor,
+            &by.reason,
+        ],
+    )?;
+    Ok(())
+}
+
+/// Queues `notice` for the order, to its customer's address. Its key is the change itself, so
+/// two events announcing the same change cannot queue two emails.
+fn queue(
+    db: &mut Db<'_, '_>,
+    _provider: &str,
+    event_id: &str,
+    order_id: &str,
+    order: &OrderState,
+    notice: &QueuedNotice,
+    now: &str,
+) -> Result<(), StoreError> {
+    db.execute(
+        "INSERT INTO email_outbox (order_id, recipient, template, params, idempotency_key, status,
+                                   attempts, created_at, event_id, next_attempt_at)
+         VALUES ($1, $2, $3, $4, $5, 'pending', 0, $6::text, $7, replace($6::text, 'Z', '.000Z'))
+         ON CONFLICT (order_id, idempotency_key) DO NOTHING",
+        &[
+            &order_id,
+            &order.customer_email,
+            &notice.template,
+            &notice.params,
+            &notice.key,
+            &now,
+            &event_id,
+        ],
+    )?;
+    Ok(())
+}
+
+/// Reads a stored body back into its event: `(provider, event_type, payload)` to the event, by
+/// the provider that verified it (given by the caller; the store knows no provider). The stored
+/// event type is the one applied (a Midtrans notification confirmed by the status API as
+/// another status was applied as that one).
+pub type RereadStored = fn(&str, &str, &[u8]) -> Result<NormalizedEvent, String>;

@@ -1,0 +1,443 @@
+//! The ledger's tables: `payments`, `payment_refunds`, `payment_disputes`, `payment_aliases`.
+//!
+//! A payment row holds the join of every fact its events reported (`domain::ledger`); this
+//! reads it back into [`PaymentFacts`] and writes the merged facts, changing only the child
+//! rows whose facts changed. The computing is the domain's: here are only the rows.
+//!
+//! On PostgreSQL several instances write at once: a payment's facts are read and merged under a
+//! lock on its row ([`load_locked`]), which every writer of the payment takes first, so that two
+//! deliveries about one payment merge one after the other instead of each overwriting the
+//! other's facts. The row of a payment's refunds and disputes are written only with the
+//! payment's row, so its lock covers them too.
+
+use postgres::Row;
+
+use super::{get, Db, StoreError};
+use crate::clock::iso_seconds;
+use crate::domain::ledger::{
+    Attempt, Dispute, DisputeStage, OrderPayment, PaymentFacts, Refund, RefundState,
+    RefundedSnapshot,
+};
+use crate::store::ErrorKind;
+
+/// A payment as stored: the order it is linked to, and its facts.
+#[derive(Debug, Clone)]
+pub struct StoredPayment {
+    pub reference: String,
+    pub order_id: Option<String>,
+    pub facts: PaymentFacts,
+}
+
+/// The payments of an order as the ledger's `compute` reads them.
+pub fn views(payments: &[(String, StoredPayment)]) -> Vec<OrderPayment<'_>> {
+    payments
+        .iter()
+        .map(|(provider, stored)| OrderPayment {
+            provider,
+            reference: &stored.reference,
+            facts: &stored.facts,
+        })
+        .collect()
+}
+
+/// A time the ledger keeps (Unix seconds, 0 for unknown) as the schema's text, NULL for unknown.
+fn time_text(at: i64) -> Option<String> {
+    (at != 0).then(|| iso_seconds(at))
+}
+
+/// The schema's text back to Unix seconds, 0 for NULL or unreadable.
+fn time_of(text: Option<String>) -> i64 {
+    text.and_then(|t| humantime::parse_rfc3339(&t).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// The payment `reference` names: the one it is an alias of, else itself.
+pub fn canonical(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+) -> Result<String, StoreError> {
+    Ok(db
+        .query_opt(
+            "SELECT payment_ref FROM payment_aliases WHERE provider = $1 AND alias = $2",
+            &[&provider, &reference],
+        )?
+        .map(|row| get::<String>(&row, 0))
+        .transpose()?
+        .unwrap_or_else(|| reference.to_owned()))
+}
+
+/// Records that each of `aliases` names the payment `reference`, folding into it the facts that
+/// arrived under an alias before it was known to be one (the alias's own row goes). Returns the
+/// facts folded in, and the order one of them was linked to.
+pub fn adopt_aliases(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+    aliases: &[String],
+) -> Result<(PaymentFacts, Option<String>), StoreError> {
+    let mut folded = PaymentFacts::default();
+    let mut linked = None;
+    for alias in aliases.iter().filter(|a| a.as_str() != reference) {
+        let inserted = db.execute(
+            "INSERT INTO payment_aliases (provider, alias, payment_ref) VALUES ($1, $2, $3)
+             ON CONFLICT (provider, alias) DO NOTHING",
+            &[&provider, alias, &reference],
+        )?;
+        if inserted == 0 {
+            continue;
+        }
+        // Locked (and read) before the parked events move, unlike SQLite's order (where nothing
+        // runs between the two): another instance may be writing facts under the alias right
+        // now, having resolved it before this alias was committed. The lock waits for its
+        // commit, so its facts are folded in here rather than left behind on a row no one reads
+        // again, and the events it parked under the alias are visible to the update below.
+        let stored = load_locked(db, provider, alias)?;
+        // Events parked under the alias wait on the payment now (see `events::PARK_RELEASE`).
+        db.execute(
+            "UPDATE processed_events SET payment_intent_id = $3
+             WHERE outcome = 'parked' AND payment_intent_id = $2 AND provider = $1",
+            &[&provider, alias, &reference],
+        )?;
+        if let Some(stored) = stored {
+            folded.merge(&stored.facts);
+            linked = linked.or(stored.order_id);
+            db.execute(
+                "DELETE FROM payments WHERE provider = $1 AND payment_ref = $2",
+                &[&provider, alias],
+            )?;
+            db.execute(
+                "DELETE FROM payment_refunds WHERE provider = $1 AND payment_ref = $2",
+                &[&provider, alias],
+            )?;
+            db.execute(
+                "DELETE FROM payment_disputes WHERE provider = $1 AND payment_ref = $2",
+                &[&provider, alias],
+            )?;
+        }
+    }
+    Ok((folded, linked))
+}
+
+/// The payment `reference` of `provider`, with its refunds and disputes, if it is known.
+///
+/// Reads without a lock: for readers, and for the other payments of an order whose row the
+/// caller has locked (every writer of a linked payment locks its order's row before it reads
+/// the order's payments).
+pub fn load(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+) -> Result<Option<StoredPayment>, StoreError> {
+    let row = db.query_opt(
+        "SELECT order_id, currency, requested, expected, authorized, captured, captured_at,
+                released, released_as_refunds, attempt, attempt_at, undone,
+                refunded_reported, refunded_reported_at, refund_count, dispute_count
+         FROM payments WHERE provider = $1 AND payment_ref = $2",
+        &[&provider, &reference],
+    )?;
+    with_children(db, provider, reference, row)
+}
+
+/// [`load`], the payment's row locked (`FOR UPDATE`) until the transaction ends: what a
+/// delivery calls before it merges facts into the payment, so that two instances merging into
+/// one payment at once merge one after the other (each reads the other's facts) rather than
+/// both from the same old row, the later commit losing the earlier's facts.
+///
+/// A payment not stored yet has no row to lock: its key is held instead, by inserting an empty
+/// row and deleting it again in this transaction (another instance's insert of the same key,
+/// this one included, waits for this transaction to end). So returns `None` as [`load`] does,
+/// and leaves no row behind.
+pub fn load_locked(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+) -> Result<Option<StoredPayment>, StoreError> {
+    let held = db.execute(
+        "INSERT INTO payments (provider, payment_ref, created_at, updated_at)
+         VALUES ($1, $2, '', '')
+         ON CONFLICT (provider, payment_ref) DO NOTHING",
+        &[&provider, &reference],
+    )?;
+    if held != 0 {
+        db.execute(
+            "DELETE FROM payments WHERE provider = $1 AND payment_ref = $2",
+            &[&provider, &reference],
+        )?;
+        return Ok(None);
+    }
+    // The row exists (committed): lock it. None when another instance deleted it in between
+    // (it folded the payment into another as an alias); the caller looks its name up again.
+    let row = db.query_opt(
+        "SELECT order_id, currency, requested, expected, authorized, captured, captured_at,
+                released, released_as_refunds, attempt, attempt_at, undone,
+                refunded_reported, refunded_reported_at, refund_count, dispute_count
+         FROM payments WHERE provider = $1 AND payment_ref = $2
+         FOR UPDATE",
+        &[&provider, &reference],
+    )?;
+    with_children(db, provider, reference, row)
+}
+
+/// The payment of `row` (read by [`load`] or [`load_locked`]) with its refunds and disputes.
+fn with_children(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+    row: Option<Row>,
+) -> Result<Option<StoredPayment>, StoreError> {
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let (order_id, mut facts, refunds, disputes) = payment_row(&row)?;
+    if refunds > 0 {
+        load_refunds(db, provider, reference, &mut facts)?;
+    }
+    if disputes > 0 {
+        load_disputes(db, provider, reference, &mut facts)?;
+    }
+    Ok(Some(StoredPayment {
+        reference: reference.to_owned(),
+        order_id,
+        facts,
+    }))
+}
+
+type PaymentRow = (Option<String>, PaymentFacts, i64, i64);
+
+fn payment_row(row: &Row) -> Result<PaymentRow, StoreError> {
+    let attempt: String = get(row, 9)?;
+    let attempt = Attempt::parse(&attempt).ok_or_else(|| unreadable("attempt", &attempt))?;
+    let attempt_at: Option<String> = get(row, 10)?;
+    let captured: i64 = get(row, 5)?;
+    let released: i64 = get(row, 7)?;
+    let released_as_refunds: i64 = get(row, 8)?;
+    let reported: Option<i64> = get(row, 12)?;
+    let undone: i64 = get(row, 11)?;
+    let facts = PaymentFacts {
+        currency: get(row, 1)?,
+        requested: get(row, 2)?,
+        expected: get(row, 3)?,
+        authorized: get(row, 4)?,
+        captured: (captured > 0).then_some(captured),
+        captured_at: get::<Option<String>>(row, 6)?.map(|t| time_of(Some(t))),
+        released: (released > 0).then_some(released),
+        released_as_refunds: (released_as_refunds > 0).then_some(released_as_refunds),
+        // A stored `pending` with no time may be no word at all; it merges the same either way.
+        attempt: Some((attempt, time_of(attempt_at))),
+        undone: undone != 0,
+        refunded_snapshot: reported.map(|amount| RefundedSnapshot {
+            amount,
+            at: time_of(row.try_get::<_, Option<String>>(13).ok().flatten()),
+        }),
+        ..PaymentFacts::default()
+    };
+    Ok((get(row, 0)?, facts, get(row, 14)?, get(row, 15)?))
+}
+
+fn unreadable(column: &str, value: &str) -> StoreError {
+    StoreError::database(
+        ErrorKind::Permanent,
+        std::io::Error::other(format!("payments.{column} holds `{value}`")),
+    )
+}
+
+fn load_refunds(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+    facts: &mut PaymentFacts,
+) -> Result<(), StoreError> {
+    let rows = db.query(
+        "SELECT refund_id, amount, state, failed_at FROM payment_refunds
+         WHERE provider = $1 AND payment_ref = $2",
+        &[&provider, &reference],
+    )?;
+    for row in rows {
+        let id: String = get(&row, 0)?;
+        let amount: i64 = get(&row, 1)?;
+        let state: String = get(&row, 2)?;
+        let failed_at: Option<String> = get(&row, 3)?;
+        let state = RefundState::parse(&state).ok_or_else(|| unreadable("state", &state))?;
+        facts.refunds.insert(
+            id,
+            Refund {
+                amount,
+                state,
+                failed_at: failed_at.map(|t| time_of(Some(t))),
+            },
+        );
+    }
+    Ok(())
+}
+
+fn load_disputes(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+    facts: &mut PaymentFacts,
+) -> Result<(), StoreError> {
+    let rows = db.query(
+        "SELECT dispute_id, amount, stage, withdrawn, reinstated FROM payment_disputes
+         WHERE provider = $1 AND payment_ref = $2",
+        &[&provider, &reference],
+    )?;
+    for row in rows {
+        let id: String = get(&row, 0)?;
+        let amount: i64 = get(&row, 1)?;
+        let stage: String = get(&row, 2)?;
+        let withdrawn: i64 = get(&row, 3)?;
+        let reinstated: i64 = get(&row, 4)?;
+        let stage = DisputeStage::parse(&stage).ok_or_else(|| unreadable("stage", &stage))?;
+        facts.disputes.insert(
+            id,
+            Dispute {
+                amount,
+                stage,
+                withdrawn: withdrawn != 0,
+                reinstated: reinstated != 0,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// Every payment linked to `order_id`, with its refunds and disputes, and its provider.
+///
+/// In key order (provider, payment_ref): the order SQLite's scan of its index on `order_id`
+/// gives (the index holds the primary key behind it), which the order's computation can depend
+/// on (the first payment linked is the order's payment when none took money).
+pub fn of_order(
+    db: &mut Db<'_, '_>,
+    order_id: &str,
+) -> Result<Vec<(String, StoredPayment)>, StoreError> {
+    let rows = db.query(
+        "SELECT provider, payment_ref FROM payments WHERE order_id = $1
+         ORDER BY provider, payment_ref",
+        &[&order_id],
+    )?;
+    let mut payments = Vec::with_capacity(rows.len());
+    for row in rows {
+        let provider: String = get(&row, 0)?;
+        let reference: String = get(&row, 1)?;
+        if let Some(stored) = load(db, &provider, &reference)? {
+            payments.push((provider, stored));
+        }
+    }
+    Ok(payments)
+}
+
+/// Writes `facts` as the payment `reference`'s, linked to `order_id`: the row, and the refunds and
+/// disputes that differ from `before`'s.
+///
+/// `before` must have been read under the payment's lock ([`load_locked`]) in this transaction.
+pub fn save(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+    order_id: Option<&str>,
+    before: &PaymentFacts,
+    facts: &PaymentFacts,
+    now: &str,
+) -> Result<(), StoreError> {
+    let (attempt, attempt_at) = facts.attempt.unwrap_or((Attempt::Pending, 0));
+    let captured_at = facts.captured_at.and_then(time_text);
+    let released = facts.released.unwrap_or(0);
+    let released_as_refunds = facts.released_as_refunds.unwrap_or(0);
+    let attempt_at = time_text(attempt_at);
+    let undone = i64::from(facts.undone);
+    let reported = facts.refunded_snapshot.map(|s| s.amount);
+    let reported_at = facts.refunded_snapshot.and_then(|s| time_text(s.at));
+    let refund_count = facts.refunds.len() as i64;
+    let dispute_count = facts.disputes.len() as i64;
+    db.execute(
+        "INSERT INTO payments (provider, payment_ref, order_id, currency, requested, expected,
+                               authorized, captured, captured_at, released, released_as_refunds,
+                               attempt, attempt_at, undone, refunded_reported,
+                               refunded_reported_at, returned, withdrawn, refund_count,
+                               dispute_count, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+                 $19, $20, $21, $21)
+         ON CONFLICT (provider, payment_ref) DO UPDATE SET
+             order_id = excluded.order_id, currency = excluded.currency,
+             requested = excluded.requested, expected = excluded.expected,
+             authorized = excluded.authorized, captured = excluded.captured,
+             captured_at = excluded.captured_at, released = excluded.released,
+             released_as_refunds = excluded.released_as_refunds, attempt = excluded.attempt,
+             attempt_at = excluded.attempt_at, undone = excluded.undone,
+             refunded_reported = excluded.refunded_reported,
+             refunded_reported_at = excluded.refunded_reported_at,
+             returned = excluded.returned, withdrawn = excluded.withdrawn,
+             refund_count = excluded.refund_count, dispute_count = excluded.dispute_count,
+             updated_at = excluded.updated_at",
+        &[
+            &provider,
+            &reference,
+            &order_id,
+            &facts.currency,
+            &facts.requested,
+            &facts.expected,
+            &facts.authorized,
+            &facts.captured(),
+            &captured_at,
+            &released,
+            &released_as_refunds,
+            &attempt.as_str(),
+            &attempt_at,
+            &undone,
+            &reported,
+            &reported_at,
+            &facts.returned(),
+            &facts.withdrawn(),
+            &refund_count,
+            &dispute_count,
+            &now,
+        ],
+    )?;
+    for (id, refund) in &facts.refunds {
+        if before.refunds.get(id) == Some(refund) {
+            continue;
+        }
+        let failed_at = refund.failed_at.and_then(time_text);
+        db.execute(
+            "INSERT INTO payment_refunds (provider, payment_ref, refund_id, amount, state,
+                                          failed_at)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (provider, payment_ref, refund_id) DO UPDATE SET
+                 amount = excluded.amount, state = excluded.state,
+                 failed_at = excluded.failed_at",
+            &[
+                &provider,
+                &reference,
+                id,
+                &refund.amount,
+                &refund.state.as_str(),
+                &failed_at,
+            ],
+        )?;
+    }
+    for (id, dispute) in &facts.disputes {
+        if before.disputes.get(id) == Some(dispute) {
+            continue;
+        }
+        db.execute(
+            "INSERT INTO payment_disputes (provider, payment_ref, dispute_id, amount, stage,
+                                           withdrawn, reinstated)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (provider, payment_ref, dispute_id) DO UPDATE SET
+                 amount = excluded.amount, stage = excluded.stage,
+                 withdrawn = excluded.withdrawn, reinstated = excluded.reinstated",
+            &[
+                &provider,
+                &reference,
+                id,
+                &dispute.amount,
+                &dispute.stage.as_str(),
+                &i64::from(dispute.withdrawn),
+                &i64::from(dispute.reinstated),
+            ],
+        )?;
+    }
+    Ok(())
+}

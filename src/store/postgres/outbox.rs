@@ -1,0 +1,273 @@
+//! The email outbox as the relay sees it: lease-based claims and recorded results.
+//!
+//! A relay claims due rows by setting its lease in one statement; a row whose lease ran out
+//! (its relay died) is due again. Results are recorded only while the relay still holds the
+//! row's lease, so two relays never both record a row: the lease is longer than the transport
+//! timeout, and a relay that overran its lease finds its update refused.
+//!
+//! Several instances share the database, so the claim locks the rows it takes and skips those
+//! another instance is claiming (`FOR UPDATE SKIP LOCKED`): two relays never claim one row.
+
+use postgres::Row;
+
+use super::reads::{params, Filters};
+use super::{Db, StoreError};
+use crate::clock::{iso_millis, iso_seconds};
+use crate::store::model::{
+    ClaimRequest, ClaimedEmail, OutboxQuery, OutboxRow, Retried, SendOutcome, SendResult,
+};
+
+/// Claims due rows inside the caller's transaction (the writer's batch, for the relay inside
+/// `serve`). One UPDATE claims them all.
+pub fn claim_due_in_transaction(
+    db: &mut Db<'_, '_>,
+    request: &ClaimRequest,
+    now_ms: i64,
+) -> Result<Vec<ClaimedEmail>, StoreError> {
+    let now = iso_millis(now_ms);
+    // FOR UPDATE SKIP LOCKED: a relay on another instance claiming at the same moment holds the
+    // rows it picked until it commits; this claim skips them instead of waiting and then taking
+    // them again (READ COMMITTED would re-read them, leased, and drop them, but only after
+    // waiting), so two instances never claim one row and neither waits for the other. A row
+    // locked for another reason (a result being recorded, an operator's retry) is skipped for
+    // this claim and due for the next one.
+    let rows = db.query(
+        "UPDATE email_outbox SET lease_owner = $1, lease_until = $2
+         WHERE id IN (SELECT id FROM email_outbox
+                      WHERE status = 'pending' AND next_attempt_at <= $3::text
+                        AND (lease_until IS NULL OR lease_until <= $3::text)
+                      ORDER BY next_attempt_at, id LIMIT $4::bigint
+                      FOR UPDATE SKIP LOCKED)
+         RETURNING id, order_id, recipient, template, params, idempotency_key, attempts,
+                   (floor(extract(epoch FROM first_tried_at::timestamptz)) * 1000)::bigint",
+        &[
+            &request.owner,
+            &iso_millis(now_ms + request.lease_ms),
+            &now,
+            &(request.limit as i64),
+        ],
+    )?;
+    let mut claimed = rows
+        .iter()
+        .map(|row| {
+            Ok(ClaimedEmail {
+                id: super::get(row, 0)?,
+                order_id: super::get(row, 1)?,
+                recipient: super::get(row, 2)?,
+                template: super::get(row, 3)?,
+                params: super::get(row, 4)?,
+                idempotency_key: super::get(row, 5)?,
+                attempts: super::get(row, 6)?,
+                first_tried_ms: super::get(row, 7)?,
+                locale: None,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    // Only a text locale counts: an order's metadata is the shop's JSON, and one row's odd value
+    // must not fail the claim of every row behind it (before this, a `"locale": 5` stopped all
+    // email). SQLite read it with json_extract; here serde_json reads it, with the same answer:
+    // none for no metadata, metadata that is not JSON, not an object, or a locale that is not a
+    // string.
+    for email in &mut claimed {
+        let metadata: Option<String> = match db.query_opt(
+            "SELECT metadata FROM orders WHERE order_id = $1",
+            &[&email.order_id],
+        )? {
+            Some(row) => super::get(&row, 0)?,
+            None => None,
+        };
+        email.locale = metadata.as_deref().and_then(locale_of);
+    }
+    claimed.sort_by_key(|e| e.id);
+    Ok(claimed)
+}
+
+/// The `locale` member of an order's metadata when it is a string, as SQLite's
+/// `CASE WHEN json_type(metadata, '$.locale') = 'text' THEN json_extract(metadata, '$.locale')
+/// END ... AND json_valid(metadata)` read it.
+fn locale_of(metadata: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(metadata).ok()?;
+    value.get("locale")?.as_str().map(str::to_owned)
+}
+
+/// Records every result of a relay's batch inside the caller's transaction: one commit (and one
+/// fsync) for the batch, not one per row. A result is recorded only while `owner` still holds
+/// the row's lease; the answer says, per result, whether it was (false: the lease ran out and
+/// another relay may have the row).
+pub fn record_results_in_transaction(
+    db: &mut Db<'_, '_>,
+    owner: &str,
+    results: &[SendResult],
+    now_ms: i64,
+) -> Result<Vec<bool>, StoreError> {
+    // Tests (`failpoints`): recording a batch of results fails, as a statement of it would.
+    fail::fail_point!("store::outbox_results", |_| Err(StoreError::Injected(
+        "store::outbox_results"
+    )));
+    let now = iso_millis(now_ms);
+    // Each UPDATE checks the lease on the row's latest version (READ COMMITTED re-reads a row
+    // another transaction changed before updating it), so a result whose lease another
+    // instance's claim took over meanwhile changes nothing.
+    static SENT: &str = "UPDATE email_outbox SET status = 'sent', attempts = attempts + 1, sent_at = $3::text,
+                first_tried_at = coalesce(first_tried_at, $3::text),
+                next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL
+         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text";
+    static FAILED: &str = "UPDATE email_outbox SET attempts = attempts + $6::bigint, last_error = $4::text,
+                first_tried_at = CASE WHEN $6::bigint > 0 THEN coalesce(first_tried_at, $3::text)
+                                      ELSE first_tried_at END,
+                status = CASE WHEN $5::text IS NULL THEN 'dead' ELSE 'pending' END,
+                next_attempt_at = $5::text, lease_owner = NULL, lease_until = NULL
+         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text";
+    static SKIPPED: &str = "UPDATE email_outbox SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
+                lease_until = NULL, last_error = 'no recipient address'
+         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text";
+    results
+        .iter()
+        .map(|result| {
+            let changed = match &result.outcome {
+                SendOutcome::Sent => db.execute(SENT, &[&result.id, &owner, &now])?,
+                SendOutcome::Failed { error, retry_at_ms } => db.execute(
+                    FAILED,
+                    &[
+                        &result.id,
+                        &owner,
+                        &now,
+                        error,
+                        &retry_at_ms.map(iso_millis),
+                        &1_i64,
+                    ],
+                )?,
+                SendOutcome::Untried { error, retry_at_ms } => db.execute(
+                    FAILED,
+                    &[
+                        &result.id,
+                        &owner,
+                        &now,
+                        error,
+                        &retry_at_ms.map(iso_millis),
+                        &0_i64,
+                    ],
+                )?,
+                SendOutcome::Skipped => db.execute(SKIPPED, &[&result.id, &owner, &now])?,
+            };
+            Ok(changed == 1)
+        })
+        .collect()
+}
+
+/// `sekali outbox retry` (see [`Retried`]), in the caller's transaction (SQLite opened its own
+/// write transaction): the caller commits it. Times are fixed-width text here, compared as
+/// text, as the claim compares them.
+pub fn retry(db: &mut Db<'_, '_>, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
+    let now = iso_millis(now_ms);
+    // FOR UPDATE: SQLite's write transaction kept every relay out between this read and the
+    // update below. Here a relay on another instance could claim the row (or record its
+    // result) in between: the update would then clear a lease just taken (two relays sending
+    // one email) or revive a row just sent. Locked, a claim in progress is waited for and then
+    // read as it committed, and a claim after this one skips the row until the commit.
+    let row = db.query_opt(
+        "SELECT status, next_attempt_at, attempts, lease_owner, lease_until
+         FROM email_outbox WHERE id = $1 FOR UPDATE",
+        &[&id],
+    )?;
+    let Some(row) = row else {
+        return Ok(Retried::Missing);
+    };
+    let status: String = super::get(&row, 0)?;
+    let next_attempt_at: Option<String> = super::get(&row, 1)?;
+    let attempts: i64 = super::get(&row, 2)?;
+    let lease_owner: Option<String> = super::get(&row, 3)?;
+    let lease_until: Option<String> = super::get(&row, 4)?;
+    match (status.as_str(), lease_owner, lease_until) {
+        ("dead", _, _) => {
+            db.execute(
+                "UPDATE email_outbox SET status = 'pending', attempts = 0, next_attempt_at = $2::text,
+                        lease_owner = NULL, lease_until = NULL, first_tried_at = NULL
+                 WHERE id = $1",
+                &[&id, &now],
+            )?;
+            Ok(Retried::Revived)
+        }
+        ("pending", Some(owner), Some(until)) if until > now => {
+            Ok(Retried::Leased { owner, until })
+        }
+        ("pending", _, _) => {
+            // A row already due keeps its time, and so its place in the claims' order; a
+            // lease that ran out (its relay died) is cleared.
+            db.execute(
+                "UPDATE email_outbox SET next_attempt_at = LEAST(coalesce(next_attempt_at, $2::text), $2::text),
+                        lease_owner = NULL, lease_until = NULL
+                 WHERE id = $1",
+                &[&id, &now],
+            )?;
+            Ok(Retried::DueNow {
+                was: next_attempt_at.unwrap_or(now),
+                attempts,
+            })
+        }
+        _ => Ok(Retried::Finished { status }),
+    }
+}
+
+/// The columns [`outbox_row`] reads. A macro, so that statements stay `&'static str` literals.
+macro_rules! row_columns {
+    () => {
+        "id, order_id, recipient, template, status, attempts, idempotency_key, created_at, \
+         next_attempt_at, lease_owner, lease_until, last_error, sent_at, params, first_tried_at"
+    };
+}
+
+fn outbox_row(row: &Row) -> Result<OutboxRow, StoreError> {
+    Ok(OutboxRow {
+        id: super::get(row, 0)?,
+        order_id: super::get(row, 1)?,
+        recipient: super::get(row, 2)?,
+        template: super::get(row, 3)?,
+        status: super::get(row, 4)?,
+        attempts: super::get(row, 5)?,
+        idempotency_key: super::get(row, 6)?,
+        created_at: super::get(row, 7)?,
+        next_attempt_at: super::get(row, 8)?,
+        lease_owner: super::get(row, 9)?,
+        lease_until: super::get(row, 10)?,
+        last_error: super::get(row, 11)?,
+        sent_at: super::get(row, 12)?,
+        params: super::get(row, 13)?,
+        first_tried_at: super::get(row, 14)?,
+    })
+}
+
+/// The rows that match `query`, newest first.
+pub fn list(db: &mut Db<'_, '_>, query: &OutboxQuery) -> Result<Vec<OutboxRow>, StoreError> {
+    let mut filters = Filters::default();
+    filters.add("status = ?", query.status.clone());
+    filters.add("order_id = ?", query.order_id.clone());
+    filters.add("created_at >= ?", query.since_unix.map(iso_seconds));
+    let sql = format!(
+        concat!(
+            "SELECT ",
+            row_columns!(),
+            " FROM email_outbox {} ORDER BY id DESC LIMIT {}"
+        ),
+        filters.sql(),
+        filters.last_placeholder()
+    );
+    let values = filters.values_then(i64::from(query.limit));
+    db.query_built(&sql, &params(&values))?
+        .iter()
+        .map(outbox_row)
+        .collect()
+}
+
+pub fn get(db: &mut Db<'_, '_>, id: i64) -> Result<Option<OutboxRow>, StoreError> {
+    db.query_opt(
+        concat!(
+            "SELECT ",
+            row_columns!(),
+            " FROM email_outbox WHERE id = $1"
+        ),
+        &[&id],
+    )?
+    .map(|row| outbox_row(&row))
+    .transpose()
+}

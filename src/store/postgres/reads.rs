@@ -1,0 +1,185 @@
+//! Read-only queries: health and inspection.
+
+use postgres::types::ToSql;
+use postgres::Row;
+
+use super::{get, Db, StoreError};
+use crate::clock::iso_seconds;
+use crate::store::model::{EventDetail, EventQuery, EventSummary, RunCounts};
+use crate::store::ErrorKind;
+
+/// A filter's value, owned by [`Filters`].
+type Value = Box<dyn ToSql + Sync>;
+
+/// The WHERE clause of a listing's filters and their values, in order. Only the filters given
+/// are in the SQL: an index serves `order_id = $1`, but not `($1 IS NULL OR order_id = $1)`.
+#[derive(Default)]
+pub(super) struct Filters {
+    clauses: Vec<String>,
+    values: Vec<Value>,
+}
+
+impl Filters {
+    /// Adds `clause`, whose one `?` stands for `value` (numbered `$n` here, in the order the
+    /// values are added), when there is a value.
+    pub(super) fn add<T: ToSql + Sync + 'static>(
+        &mut self,
+        clause: &'static str,
+        value: Option<T>,
+    ) {
+        if let Some(value) = value {
+            self.values.push(Box::new(value));
+            let placeholder = format!("${}", self.values.len());
+            self.clauses.push(clause.replacen('?', &placeholder, 1));
+        }
+    }
+
+    /// `WHERE a AND b …`, or nothing when no filter was given.
+    pub(super) fn sql(&self) -> String {
+        if self.clauses.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", self.clauses.join(" AND "))
+        }
+    }
+
+    /// The placeholder of the value [`values_then`](Self::values_then) adds last (the limit).
+    pub(super) fn last_placeholder(&self) -> String {
+        format!("${}", self.values.len() + 1)
+    }
+
+    /// The values, then `last` (the limit).
+    pub(super) fn values_then(mut self, last: impl ToSql + Sync + 'static) -> Vec<Value> {
+        self.values.push(Box::new(last));
+        self.values
+    }
+}
+
+/// `values` as the statement's parameters.
+pub(super) fn params(values: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
+    values.iter().map(|value| value.as_ref()).collect()
+}
+
+/// Proves the database answers: the schema is readable.
+pub fn check_health(db: &mut Db<'_, '_>) -> Result<(), StoreError> {
+    // SQLite looked in sqlite_schema; here the table is looked up as the queries find it
+    // (through the search_path).
+    let row = db.query_one(
+        "SELECT count(*) FROM pg_catalog.pg_class WHERE oid = to_regclass('processed_events')",
+        &[],
+    )?;
+    let n: i64 = get(&row, 0)?;
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::database(
+            ErrorKind::Permanent,
+            std::io::Error::other("the table processed_events does not exist"),
+        ))
+    }
+}
+
+/// The columns [`summary`] reads. A macro, so that statements stay `&'static str` literals.
+macro_rules! summary_columns {
+    () => {
+        "provider, event_id, event_type, order_id, outcome, received_at, expires_at"
+    };
+}
+
+fn summary(row: &Row) -> Result<EventSummary, StoreError> {
+    Ok(EventSummary {
+        provider: get(row, 0)?,
+        event_id: get(row, 1)?,
+        event_type: get(row, 2)?,
+        order_id: get(row, 3)?,
+        outcome: get(row, 4)?,
+        received_at: get(row, 5)?,
+        expires_at: get(row, 6)?,
+    })
+}
+
+/// The events that match `query`, newest first: in the order they arrived (`rowid`), which
+/// `received_at` cannot give, as several events share a second. Timestamps are fixed-width
+/// text, so `--since` is a comparison of text.
+pub fn list_events(
+    db: &mut Db<'_, '_>,
+    query: &EventQuery,
+) -> Result<Vec<EventSummary>, StoreError> {
+    let mut filters = Filters::default();
+    filters.add("provider = ?", query.provider.clone());
+    filters.add("outcome = ?", query.outcome.map(|o| o.as_str().to_owned()));
+    filters.add("order_id = ?", query.order_id.clone());
+    filters.add("received_at >= ?", query.since_unix.map(iso_seconds));
+    // rowid: PostgreSQL's explicit column for SQLite's implicit one (arrival order).
+    let sql = format!(
+        concat!(
+            "SELECT ",
+            summary_columns!(),
+            " FROM processed_events {} ORDER BY rowid DESC LIMIT {}"
+        ),
+        filters.sql(),
+        filters.last_placeholder()
+    );
+    let values = filters.values_then(i64::from(query.limit));
+    db.query_built(&sql, &params(&values))?
+        .iter()
+        .map(summary)
+        .collect()
+}
+
+/// Every stored event with this id (one per provider at most).
+pub fn find_events(
+    db: &mut Db<'_, '_>,
+    event_id: &str,
+    provider: Option<&str>,
+) -> Result<Vec<EventDetail>, StoreError> {
+    db.query(
+        concat!(
+            "SELECT ",
+            summary_columns!(),
+            ", payment_intent_id, payload FROM processed_events
+         WHERE event_id = $1 AND ($2::text IS NULL OR provider = $2::text) ORDER BY provider"
+        ),
+        &[&event_id, &provider],
+    )?
+    .iter()
+    .map(|row| {
+        Ok(EventDetail {
+            summary: summary(row)?,
+            payment_intent_id: get(row, 7)?,
+            payload: get(row, 8)?,
+        })
+    })
+    .collect()
+}
+
+/// An order's status, for tests and inspection.
+pub fn order_status(db: &mut Db<'_, '_>, order_id: &str) -> Result<Option<String>, StoreError> {
+    db.query_opt(
+        "SELECT status FROM orders WHERE order_id = $1",
+        &[&order_id],
+    )?
+    .map(|row| get(&row, 0))
+    .transpose()
+}
+
+/// The rows of one load-generator run: every id of a run contains its marker.
+pub fn run_counts(db: &mut Db<'_, '_>, marker: &str) -> Result<RunCounts, StoreError> {
+    // SQLite's LIKE, exactly: case-insensitive for ASCII letters only (ILIKE on these COLLATE
+    // "C" columns), `%` and `_` wildcards, and no escape character (PostgreSQL's default one,
+    // `\`, is turned off). A marker is `bench_` and hex digits then `_`, whose `_`s match any
+    // character on both engines.
+    let pattern = format!("%{marker}%");
+    let mut count = |sql: &'static str| -> Result<i64, StoreError> {
+        let row = db.query_one(sql, &[&pattern])?;
+        get(&row, 0)
+    };
+    Ok(RunCounts {
+        events: count("SELECT count(*) FROM processed_events WHERE event_id ILIKE $1 ESCAPE ''")?,
+        orders: count("SELECT count(*) FROM orders WHERE order_id ILIKE $1 ESCAPE ''")?,
+        emails: count("SELECT count(*) FROM email_outbox WHERE order_id ILIKE $1 ESCAPE ''")?,
+        orders_emailed: count(
+            "SELECT count(DISTINCT order_id) FROM email_outbox WHERE order_id ILIKE $1 ESCAPE ''",
+        )?,
+    })
+}

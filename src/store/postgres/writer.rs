@@ -1,0 +1,597 @@
+//! The writer of one sekali instance on PostgreSQL: one thread, one connection, and whatever is
+//! queued committed in one transaction (group commit), each unit of work in a savepoint of its
+//! own so that one failure is rolled back alone.
+//!
+//! Several instances write the same database, each with its own writer. A batch takes its locks
+//! in key order (deliveries sorted by the order or payment they name, then by event id), so two
+//! instances' batches wait for each other rather than deadlock; when they do deadlock anyway
+//! (40P01), or a serialization failure (40001) ends a statement, the unit reruns in a fresh
+//! savepoint, up to [`TRANSIENT_RERUNS`] times. A lost connection (a restart, a failover) fails
+//! the batch with 503, which every provider retries, and the writer connects again before its
+//! next batch: through a multi-host URL, to whichever host is the primary now.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use postgres::Client;
+use tokio::sync::oneshot;
+use tracing::Span;
+
+use super::{events, idempotency, outbox, purge, Db, Statements, StoreError, Target};
+use crate::clock::SharedClock;
+use crate::domain::{NormalizedEvent, OrderRef, Outcome};
+use crate::store::model::{
+    ClaimRequest, ClaimedEmail, IdempotentOutcome, Purged, SendResult, WriterStats,
+};
+use crate::store::{CommitFaults, CreateOrder, ErrorKind, WriteError};
+
+/// Times a unit reruns after a deadlock or a serialization failure before it gets 503.
+pub const TRANSIENT_RERUNS: u32 = 3;
+
+/// How long the writer waits between attempts to connect again.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
+
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    pub target: Target,
+    /// Most units of work committed by one transaction.
+    pub batch_max: usize,
+    /// Units waiting for the writer before new deliveries get 503.
+    pub queue_capacity: usize,
+    /// Commits to fail on purpose (the conformance suite's "fail the next commit").
+    pub commit_faults: CommitFaults,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
+
+// A delivery carries its event inline: every `Work` travels boxed in its `Job` already.
+#[allow(clippy::large_enum_variant)]
+enum Work {
+    Delivery {
+        event: NormalizedEvent,
+        payload: String,
+        reply: Reply<Outcome>,
+    },
+    Idempotent {
+        request: CreateOrder,
+        reply: Reply<IdempotentOutcome>,
+    },
+    OutboxClaim {
+        request: ClaimRequest,
+        reply: Reply<Vec<ClaimedEmail>>,
+    },
+    OutboxResults {
+        owner: String,
+        results: Vec<SendResult>,
+        reply: Reply<Vec<bool>>,
+    },
+}
+
+/// A unit's answer, held until COMMIT.
+enum Done {
+    Delivery(Reply<Outcome>, Result<Outcome, StoreError>),
+    Idempotent(
+        Reply<IdempotentOutcome>,
+        Result<IdempotentOutcome, StoreError>,
+    ),
+    OutboxClaim(
+        Reply<Vec<ClaimedEmail>>,
+        Result<Vec<ClaimedEmail>, StoreError>,
+    ),
+    OutboxResults(Reply<Vec<bool>>, Result<Vec<bool>, StoreError>),
+}
+
+impl Done {
+    fn answer(self) {
+        match self {
+            Done::Delivery(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
+            Done::Idempotent(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
+            Done::OutboxClaim(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
+            Done::OutboxResults(reply, result) => {
+                drop(reply.send(result.map_err(WriteError::from)))
+            }
+        }
+    }
+
+    /// Answers with `error`: the transaction holding this work did not commit.
+    fn fail(self, error: impl Fn() -> StoreError) {
+        match self {
+            Done::Delivery(reply, _) => Done::Delivery(reply, Err(error())).answer(),
+            Done::Idempotent(reply, _) => Done::Idempotent(reply, Err(error())).answer(),
+            Done::OutboxClaim(reply, _) => Done::OutboxClaim(reply, Err(error())).answer(),
+            Done::OutboxResults(reply, _) => Done::OutboxResults(reply, Err(error())).answer(),
+        }
+    }
+
+    fn count(&self, counters: &Counters) {
+        match self {
+            Done::Delivery(_, Ok(_)) => Counters::add(&counters.deliveries, 1),
+            Done::OutboxClaim(_, Ok(rows)) => {
+                Counters::add(&counters.outbox_claims, 1);
+                Counters::add(&counters.outbox_claimed_rows, rows.len());
+            }
+            Done::OutboxResults(_, Ok(recorded)) => {
+                Counters::add(&counters.outbox_result_batches, 1);
+                Counters::add(&counters.outbox_results, recorded.len());
+            }
+            _ => {}
+        }
+    }
+}
+
+enum Job {
+    Work(Box<(Work, Span)>),
+    PurgeBatch { limit: usize, reply: Reply<Purged> },
+    Shutdown,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    transactions: AtomicU64,
+    deliveries: AtomicU64,
+    outbox_claims: AtomicU64,
+    outbox_claimed_rows: AtomicU64,
+    outbox_result_batches: AtomicU64,
+    outbox_results: AtomicU64,
+    reopens: AtomicU64,
+    connections_opened: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> WriterStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        WriterStats {
+            transactions: get(&self.transactions),
+            deliveries: get(&self.deliveries),
+            outbox_claims: get(&self.outbox_claims),
+            outbox_claimed_rows: get(&self.outbox_claimed_rows),
+            outbox_result_batches: get(&self.outbox_result_batches),
+            outbox_results: get(&self.outbox_results),
+            reopens: get(&self.reopens),
+            connections_opened: get(&self.connections_opened),
+        }
+    }
+}
+
+/// A handle to the writer thread; cheap to clone.
+#[derive(Clone)]
+pub struct Writer {
+    queue: SyncSender<Job>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+    counters: Arc<Counters>,
+}
+
+impl Writer {
+    /// Connects (so that a wrong URL or password fails startup, not the first delivery) and
+    /// starts the writer thread. The schema must be in place.
+    pub fn start(config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
+        let client = config.target.connect()?;
+        let counters = Arc::new(Counters::default());
+        Counters::add(&counters.connections_opened, 1);
+        let (queue, jobs) = mpsc::sync_channel(config.queue_capacity.max(1));
+        let shared = counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("sekali-pg-writer".into())
+            .spawn(move || run(client, jobs, config, clock, &shared))
+            .expect("spawning the writer thread");
+        Ok(Writer {
+            queue,
+            thread: Arc::new(Mutex::new(Some(thread))),
+            counters,
+        })
+    }
+
+    pub fn stats(&self) -> WriterStats {
+        self.counters.read()
+    }
+
+    async fn submit<T>(&self, work: impl FnOnce(Reply<T>) -> Work) -> Result<T, WriteError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Work(Box::new((work(reply), Span::current())));
+        self.queue.try_send(job).map_err(|e| match e {
+            TrySendError::Full(_) => WriteError::QueueFull,
+            TrySendError::Disconnected(_) => WriteError::WriterGone,
+        })?;
+        answer.await.unwrap_or(Err(WriteError::WriterGone))
+    }
+
+    pub async fn record(
+        &self,
+        event: NormalizedEvent,
+        payload: String,
+    ) -> Result<Outcome, WriteError> {
+        self.submit(|reply| Work::Delivery {
+            event,
+            payload,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn idempotent(&self, request: CreateOrder) -> Result<IdempotentOutcome, WriteError> {
+        self.submit(|reply| Work::Idempotent { request, reply })
+            .await
+    }
+
+    pub async fn claim_outbox(
+        &self,
+        request: ClaimRequest,
+    ) -> Result<Vec<ClaimedEmail>, WriteError> {
+        self.submit(|reply| Work::OutboxClaim { request, reply })
+            .await
+    }
+
+    pub async fn record_outbox_results(
+        &self,
+        owner: String,
+        results: Vec<SendResult>,
+    ) -> Result<Vec<bool>, WriteError> {
+        self.submit(|reply| Work::OutboxResults {
+            owner,
+            results,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn purge_batch(&self, limit: usize) -> Result<Purged, WriteError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .try_send(Job::PurgeBatch { limit, reply })
+            .map_err(|e| match e {
+                TrySendError::Full(_) => WriteError::QueueFull,
+                TrySendError::Disconnected(_) => WriteError::WriterGone,
+            })?;
+        answer.await.unwrap_or(Err(WriteError::WriterGone))
+    }
+
+    /// Lets the writer finish everything already queued, then stops it and waits. Blocking.
+    pub fn shutdown(&self) {
+        let _ = self.queue.send(Job::Shutdown);
+        if let Some(thread) = self.thread.lock().expect("writer thread lock").take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The writer's connection, or none while the database cannot be reached.
+struct Connection {
+    client: Option<Client>,
+    statements: Statements,
+}
+
+impl Connection {
+    /// The connection, connecting again first if the last one was lost. `None` (and an error
+    /// logged) while the database cannot be reached: the batch gets 503.
+    fn get(
+        &mut self,
+        target: &Target,
+        counters: &Counters,
+    ) -> Option<(&mut Client, &mut Statements)> {
+        if self.client.as_ref().is_some_and(|c| c.is_closed()) {
+            self.client = None;
+        }
+        if self.client.is_none() {
+            self.statements.clear();
+            match target.connect() {
+                Ok(client) => {
+                    Counters::add(&counters.connections_opened, 1);
+                    Counters::add(&counters.reopens, 1);
+                    tracing::info!(database = %target, "the writer connected again");
+                    self.client = Some(client);
+                }
+                Err(e) => {
+                    tracing::error!(error = %crate::telemetry::ErrorChain(&e), "the writer cannot connect to the database; answering 503 until it can");
+                    std::thread::sleep(RECONNECT_PAUSE);
+                    return None;
+                }
+            }
+        }
+        self.client.as_mut().map(|c| (c, &mut self.statements))
+    }
+
+    fn lose(&mut self) {
+        self.client = None;
+        self.statements.clear();
+    }
+}
+
+fn run(
+    client: Client,
+    jobs: Receiver<Job>,
+    config: WriterConfig,
+    clock: SharedClock,
+    counters: &Counters,
+) {
+    let mut conn = Connection {
+        client: Some(client),
+        statements: Statements::default(),
+    };
+    let batch_max = config.batch_max.max(1);
+    let mut shutting_down = false;
+    while !shutting_down {
+        let Ok(first) = jobs.recv() else { break };
+        let mut batch = Vec::with_capacity(batch_max);
+        let mut purges = Vec::new();
+        let mut next = Some(first);
+        while let Some(job) = next.take() {
+            match job {
+                Job::Work(work) => batch.push(*work),
+                Job::PurgeBatch { limit, reply } => purges.push((limit, reply)),
+                Job::Shutdown => shutting_down = true,
+            }
+            if batch.len() < batch_max && !shutting_down {
+                next = jobs.try_recv().ok();
+            }
+        }
+        if !batch.is_empty() {
+            commit_batch(&mut conn, batch, &config, &clock, counters);
+        }
+        for (limit, reply) in purges {
+            let result = purge_batch(&mut conn, &config, clock.now_unix(), limit, counters);
+            let _ = reply.send(result.map_err(WriteError::Store));
+        }
+    }
+}
+
+/// The order in which a batch takes its locks: deliveries by the order (or payment) they name,
+/// then provider and event id; then the relay's work and the API's. Every instance sorts the
+/// same way, so two batches that touch the same orders lock them in the same order.
+fn lock_order(work: &Work) -> (u8, String, String, String) {
+    match work {
+        Work::Delivery { event, .. } => {
+            let key = match &event.order_ref {
+                OrderRef::OrderId(id) => id.clone(),
+                _ => event.payment_ref().unwrap_or_default().to_owned(),
+            };
+            (
+                0,
+                key,
+                event.provider.as_str().to_owned(),
+                event.event_id.clone(),
+            )
+        }
+        Work::OutboxResults { .. } => (1, String::new(), String::new(), String::new()),
+        Work::OutboxClaim { .. } => (2, String::new(), String::new(), String::new()),
+        Work::Idempotent { request, .. } => (
+            3,
+            request.order.order_id.clone(),
+            String::new(),
+            String::new(),
+        ),
+    }
+}
+
+fn commit_batch(
+    conn: &mut Connection,
+    mut batch: Vec<(Work, Span)>,
+    config: &WriterConfig,
+    clock: &SharedClock,
+    counters: &Counters,
+) {
+    batch.sort_by_cached_key(|(work, _)| lock_order(work));
+    let Some((client, statements)) = conn.get(&config.target, counters) else {
+        for (work, _) in batch {
+            unrun(work).fail(unavailable);
+        }
+        return;
+    };
+    if run_batch(client, statements, batch, config, clock, counters) {
+        conn.lose();
+    }
+}
+
+/// Runs `batch` in one transaction and answers every unit: after COMMIT, or with 503 when it
+/// does not commit. Returns true when the connection was lost.
+fn run_batch(
+    client: &mut Client,
+    statements: &mut Statements,
+    batch: Vec<(Work, Span)>,
+    config: &WriterConfig,
+    clock: &SharedClock,
+    counters: &Counters,
+) -> bool {
+    let now_unix = clock.now_unix();
+    let now_ms = clock.now_millis();
+    let mut tx = match client.transaction() {
+        Ok(tx) => tx,
+        Err(e) => {
+            let e = StoreError::from(e);
+            tracing::error!(error = %crate::telemetry::ErrorChain(&e), "could not begin the write transaction; everything in the batch gets 503");
+            for (work, _) in batch {
+                unrun(work).fail(unavailable);
+            }
+            return e.is_connection_lost();
+        }
+    };
+    let mut done = Vec::with_capacity(batch.len());
+    let mut broken: Option<StoreError> = None;
+    {
+        let mut db = Db::new(&mut tx, statements);
+        for (work, span) in batch {
+            if broken.is_some() {
+                done.push(unrun(work));
+                continue;
+            }
+            let _entered = span.enter();
+            let (answer, lost) = run_unit(&mut db, work, now_unix, now_ms);
+            done.push(answer);
+            broken = lost;
+        }
+    }
+    if let Some(e) = broken {
+        tracing::error!(error = %crate::telemetry::ErrorChain(&e), "the batch transaction is lost; everything in it gets 503");
+        drop(tx);
+        done.into_iter().for_each(|d| d.fail(unavailable));
+        return e.is_connection_lost();
+    }
+    if config.commit_faults.take() {
+        let _ = tx.rollback();
+        done.into_iter().for_each(|d| d.fail(unavailable));
+        return false;
+    }
+    if let Err(e) = tx.commit() {
+        let e = StoreError::from(e);
+        // The outcome of a COMMIT whose answer was lost is unknown: 503, and the provider's
+        // redelivery finds the claim (a duplicate) or not (applied then).
+        tracing::error!(error = %crate::telemetry::ErrorChain(&e), "COMMIT failed; everything in the batch gets 503");
+        done.into_iter().for_each(|d| d.fail(unavailable));
+        return e.is_connection_lost();
+    }
+    Counters::add(&counters.transactions, 1);
+    done.iter().for_each(|d| d.count(counters));
+    done.into_iter().for_each(Done::answer);
+    false
+}
+
+/// The answer to work that did not run (its error is set by [`Done::fail`]).
+fn unrun(work: Work) -> Done {
+    match work {
+        Work::Delivery { reply, .. } => Done::Delivery(reply, Err(unavailable())),
+        Work::Idempotent { reply, .. } => Done::Idempotent(reply, Err(unavailable())),
+        Work::OutboxClaim { reply, .. } => Done::OutboxClaim(reply, Err(unavailable())),
+        Work::OutboxResults { reply, .. } => Done::OutboxResults(reply, Err(unavailable())),
+    }
+}
+
+/// The error of work whose transaction did not commit.
+fn unavailable() -> StoreError {
+    StoreError::database(
+        ErrorKind::Transient,
+        std::io::Error::other("the batch transaction did not commit"),
+    )
+}
+
+/// True for the failures a rerun of the same unit can get past: a deadlock, a serialization
+/// failure, a lock or statement timeout.
+fn worth_rerunning(error: &StoreError) -> bool {
+    error.is_transient() && !error.is_connection_lost()
+}
+
+/// Runs one unit in a savepoint (again after a deadlock, up to [`TRANSIENT_RERUNS`] times).
+/// The second value is set when the transaction itself is lost.
+fn run_unit(
+    db: &mut Db<'_, '_>,
+    work: Work,
+    now_unix: i64,
+    now_ms: i64,
+) -> (Done, Option<StoreError>) {
+    match work {
+        Work::Idempotent { request, reply } => {
+            // Its response is worded once, inside the transaction (an `FnOnce`): no rerun.
+            let client = request.client.clone();
+            match db.in_savepoint(
+                |db| idempotency::run_idempotent(db, request, now_unix),
+                |_| true,
+            ) {
+                Ok(result) => {
+                    if let Err(e) = &result {
+                        tracing::error!(client, error = %crate::telemetry::ErrorChain(e), "an order request failed and was rolled back alone");
+                    }
+                    (Done::Idempotent(reply, result), None)
+                }
+                Err(lost) => (Done::Idempotent(reply, Err(unavailable())), Some(lost)),
+            }
+        }
+        Work::Delivery {
+            event,
+            payload,
+            reply,
+        } => {
+            let ran = rerun(
+                db,
+                |db| events::record_event_and_apply(db, &event, &payload, now_unix),
+                |outcome| *outcome != Outcome::Duplicate,
+            );
+            match ran {
+                Ok(result) => {
+                    if let Err(e) = &result {
+                        tracing::error!(provider = %event.provider, event_id = event.event_id, error = %crate::telemetry::ErrorChain(e), "delivery failed and was rolled back alone");
+                    }
+                    (Done::Delivery(reply, result), None)
+                }
+                Err(lost) => (Done::Delivery(reply, Err(unavailable())), Some(lost)),
+            }
+        }
+        Work::OutboxClaim { request, reply } => {
+            match rerun(
+                db,
+                |db| outbox::claim_due_in_transaction(db, &request, now_ms),
+                |_| true,
+            ) {
+                Ok(result) => (Done::OutboxClaim(reply, result), None),
+                Err(lost) => (Done::OutboxClaim(reply, Err(unavailable())), Some(lost)),
+            }
+        }
+        Work::OutboxResults {
+            owner,
+            results,
+            reply,
+        } => {
+            match rerun(
+                db,
+                |db| outbox::record_results_in_transaction(db, &owner, &results, now_ms),
+                |_| true,
+            ) {
+                Ok(result) => (Done::OutboxResults(reply, result), None),
+                Err(lost) => (Done::OutboxResults(reply, Err(unavailable())), Some(lost)),
+            }
+        }
+    }
+}
+
+/// Runs `unit` in a savepoint; after a deadlock or serialization failure (rolled back to the
+/// savepoint, which releases what it locked), once more, up to [`TRANSIENT_RERUNS`] times.
+fn rerun<T>(
+    db: &mut Db<'_, '_>,
+    mut unit: impl FnMut(&mut Db<'_, '_>) -> Result<T, StoreError>,
+    keep: impl Fn(&T) -> bool,
+) -> Result<Result<T, StoreError>, StoreError> {
+    let mut reruns = 0;
+    loop {
+        let result = db.in_savepoint(&mut unit, &keep)?;
+        match result {
+            Err(e) if worth_rerunning(&e) && reruns < TRANSIENT_RERUNS => {
+                reruns += 1;
+                tracing::debug!(error = %crate::telemetry::ErrorChain(&e), reruns, "rerunning a unit after a transient failure");
+            }
+            other => return Ok(other),
+        }
+    }
+}
+
+/// One purge batch in a transaction of its own, off the deliveries' batches.
+fn purge_batch(
+    conn: &mut Connection,
+    config: &WriterConfig,
+    now_unix: i64,
+    limit: usize,
+    counters: &Counters,
+) -> Result<Purged, StoreError> {
+    let Some((client, statements)) = conn.get(&config.target, counters) else {
+        return Err(unavailable());
+    };
+    let result = (|| {
+        let mut tx = client.transaction()?;
+        let purged = purge::purge_batch(&mut Db::new(&mut tx, statements), now_unix, limit)?;
+        if config.commit_faults.take() {
+            tx.rollback()?;
+            return Err(StoreError::Injected("the purge batch's COMMIT"));
+        }
+        tx.commit()?;
+        Ok(purged)
+    })();
+    if let Err(e) = &result {
+        if e.is_connection_lost() {
+            conn.lose();
+        }
+    }
+    result
+}
