@@ -31,6 +31,11 @@ pub enum Command {
     Purge(DbArgs),
     /// Copy the database while sekali runs (SQLite online backup), then check the copy.
     Backup(BackupArgs),
+    /// Copy a whole database to another engine: a shop moving from the embedded SQLite file to
+    /// PostgreSQL (`--from sekali.db --to postgres://…`), or back. Every table and row, from one
+    /// consistent snapshot, into a new, empty target (refused otherwise), with each table's
+    /// row count checked. Stop `serve` first: what it writes after the snapshot is not copied.
+    Copy(CopyArgs),
     /// Sign fixture files as the provider would and POST them to a running sekali.
     Replay(ReplayArgs),
     /// Load generator: send signed deliveries to a running sekali and report throughput and
@@ -438,6 +443,17 @@ pub enum OutboxCommand {
         #[command(flatten)]
         db: DbArgs,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct CopyArgs {
+    /// The database to copy: a SQLite file, or a PostgreSQL URL.
+    #[arg(long)]
+    pub from: crate::store::Location,
+    /// Where to copy it: a SQLite file that does not exist yet, or a PostgreSQL URL whose
+    /// database holds no sekali data (its tables are created if missing).
+    #[arg(long)]
+    pub to: crate::store::Location,
 }
 
 #[derive(Debug, Args)]

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::args::{
-    BackupArgs, BenchArgs, DbArgs, EventsCommand, OutboxCommand, RelayCommandArgs, ReplayArgs,
-    ServeArgs, Switch,
+    BackupArgs, BenchArgs, CopyArgs, DbArgs, EventsCommand, OutboxCommand, RelayCommandArgs,
+    ReplayArgs, ServeArgs, Switch,
 };
 use super::{print_columns, print_json_line, write_stdout};
 use crate::clock::{Clock, SystemClock};
@@ -143,6 +143,24 @@ pub(super) fn purge(args: DbArgs) -> CommandResult {
         "purged {} expired idempotency keys",
         purged.idempotency_keys
     );
+    DONE
+}
+
+pub(super) fn copy(args: CopyArgs) -> CommandResult {
+    if args.from == args.to {
+        return Err(format!("--from and --to are the same database ({})", args.from).into());
+    }
+    let source = crate::store::maintenance(&args.from, false).map_err(OpenError::from)?;
+    let report = crate::store::copy::copy(&*source, &args.to)?;
+    let rows: i64 = report.tables.iter().map(|(_, rows)| rows).sum();
+    crate::outln!(
+        "copied {} to {}: {rows} rows, every table's count checked",
+        args.from,
+        args.to
+    );
+    for (table, rows) in &report.tables {
+        crate::outln!("  {table}: {rows}");
+    }
     DONE
 }
 

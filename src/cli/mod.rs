@@ -17,6 +17,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => commands::serve(*args),
         Command::Purge(args) => commands::purge(args),
         Command::Backup(args) => commands::backup(args),
+        Command::Copy(args) => commands::copy(args),
         Command::Replay(args) => commands::replay(args),
         Command::Bench(args) => commands::bench(args),
         Command::Events(command) => commands::events(command),

@@ -23,30 +23,52 @@ use crate::store::{CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteEr
 /// Connections an instance keeps for `/healthz` and the orders API's reads.
 const READ_POOL_SIZE: u32 = 4;
 
-type ReadPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+
+/// The read pool. Its idle connections close when it is dropped, which blocks: on a thread of
+/// its own, since the last handle may go on an async task.
+struct ReadPool(Option<Pool>);
+
+impl Drop for ReadPool {
+    fn drop(&mut self) {
+        let pool = self.0.take();
+        let _ = std::thread::spawn(move || drop(pool)).join();
+    }
+}
 
 /// One instance's store on a PostgreSQL database that other instances may share.
 #[derive(Clone)]
 pub struct PgStore {
     writer: Writer,
-    reads: ReadPool,
+    reads: std::sync::Arc<ReadPool>,
 }
 
 impl PgStore {
     /// Connects, brings the schema up to date (several instances starting at once take turns),
-    /// and starts the writer.
+    /// and starts the writer. Blocking, and callable from anywhere: the connecting runs on a
+    /// thread of its own (`serve` opens its store inside its runtime).
     pub fn open(config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
-        schema::migrate(&mut config.target.connect()?)?;
-        let reads = r2d2::Pool::builder()
-            .max_size(READ_POOL_SIZE)
-            .min_idle(Some(0))
-            .connection_timeout(std::time::Duration::from_secs(5))
-            .build_unchecked(PostgresConnectionManager::new(
-                config.target.config().clone(),
-                NoTls,
-            ));
-        let writer = Writer::start(config, clock)?;
-        Ok(PgStore { writer, reads })
+        std::thread::scope(|scope| {
+            scope
+                .spawn(move || {
+                    schema::migrate(&mut config.target.connect()?)?;
+                    let reads = r2d2::Pool::builder()
+                        .max_size(READ_POOL_SIZE)
+                        .min_idle(Some(0))
+                        .connection_timeout(std::time::Duration::from_secs(5))
+                        .build_unchecked(PostgresConnectionManager::new(
+                            config.target.config().clone(),
+                            NoTls,
+                        ));
+                    let writer = Writer::start(config, clock)?;
+                    Ok(PgStore {
+                        writer,
+                        reads: std::sync::Arc::new(ReadPool(Some(reads))),
+                    })
+                })
+                .join()
+                .expect("the connecting thread panicked")
+        })
     }
 
     /// Runs a read in a transaction on a pooled connection, off the async executor.
@@ -57,7 +79,11 @@ impl PgStore {
         let pool = self.reads.clone();
         Box::pin(async move {
             actix_web::rt::task::spawn_blocking(move || {
-                let mut client = pool.get()?;
+                let mut client = pool
+                    .0
+                    .as_ref()
+                    .expect("the pool lives until dropped")
+                    .get()?;
                 in_transaction(&mut client, query)
             })
             .await
