@@ -115,7 +115,7 @@ fn measure_with_relay(
     Command::new("sync").status().unwrap();
     let server = Server::start(&db, extra);
     let config = BenchConfig {
-        url: format!("http://127.0.0.1:{}/webhooks/stripe", server.port),
+        urls: vec![format!("http://127.0.0.1:{}/webhooks/stripe", server.port)],
         provider: std::sync::Arc::new(Stripe::with_secrets(&[SECRET])),
         events,
         dup_ratio: 0.2,

@@ -3032,6 +3032,7 @@ mod postgres_engine {
             let store = PgStore::open(
                 WriterConfig {
                     target: self.target.clone(),
+                    writers: 2,
                     batch_max: 64,
                     queue_capacity: 256,
                     commit_faults,

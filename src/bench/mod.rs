@@ -36,7 +36,8 @@ use crate::store::RunMarker;
 
 #[derive(Clone)]
 pub struct BenchConfig {
-    pub url: String,
+    /// The webhook URL of each instance (one or more, on one database).
+    pub urls: Vec<String>,
     /// Whose deliveries to imitate, configured with the server's secret.
     pub provider: Arc<dyn Provider>,
     pub events: usize,
@@ -169,7 +170,15 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
     }
     let plan = Arc::new(plan);
     let next = Arc::new(AtomicUsize::new(0));
-    let target = Target::parse(&config.url)?;
+    let targets: Vec<Target> = config
+        .urls
+        .iter()
+        .map(|url| Target::parse(url))
+        .collect::<Result<_, _>>()?;
+    if targets.is_empty() {
+        return Err(BenchError::Url("give at least one --url".into()));
+    }
+    let targets = Arc::new(targets);
     let deadline = Instant::now() + Duration::from_secs_f64(config.max_seconds);
     // A thread without a connection of its own would still open one.
     let threads = config.threads.clamp(1, config.concurrency.max(1));
@@ -192,7 +201,7 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         .map(|t| {
             let per_thread =
                 config.concurrency / threads + usize::from(t < config.concurrency % threads);
-            let (plan, next, target) = (plan.clone(), next.clone(), target.clone());
+            let (plan, next, targets) = (plan.clone(), next.clone(), targets.clone());
             let template = template.clone();
             let signer = config.provider.clone();
             // Connections are numbered across threads, so the paced schedule interleaves them
@@ -202,8 +211,8 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
             let retry = config.retry;
             std::thread::spawn(move || {
                 actix_web::rt::System::new().block_on(client_loop(
-                    per_thread, plan, next, target, template, signer, deadline, pacing, retry,
-                    started,
+                    per_thread, first, plan, next, targets, template, signer, deadline, pacing,
+                    retry, started,
                 ))
             })
         })
@@ -275,7 +284,7 @@ pub fn guard_database(config: &BenchConfig, run_id: &str) -> Result<Option<Strin
              each, which the server's relay sends (to customer…@example.com where the \
              provider's payment carries an address). Point it at a server of a copy (`sekali \
              backup`), and pass --check-db with the copy's file to have it looked at first",
-            url = config.url,
+            url = config.urls.join(" "),
             events = config.events,
         )));
     };
@@ -484,9 +493,10 @@ async fn send(
 #[allow(clippy::too_many_arguments)]
 async fn client_loop(
     connections: usize,
+    first_connection: usize,
     plan: Arc<Vec<usize>>,
     next: Arc<AtomicUsize>,
-    target: Target,
+    targets: Arc<Vec<Target>>,
     template: EventTemplate,
     signer: Arc<dyn Provider>,
     deadline: Instant,
@@ -494,13 +504,13 @@ async fn client_loop(
     retry: bool,
     run_started: Instant,
 ) -> ThreadOutcome {
-    let target = Rc::new(target);
     let template = Rc::new(template);
     // A request still unanswered this long after the deadline counts as an error.
     let give_up = tokio::time::Instant::from_std(deadline + Duration::from_secs(30));
     let workers = (0..connections.max(1)).map(|i| {
-        let (plan, next, signer, target) =
-            (plan.clone(), next.clone(), signer.clone(), target.clone());
+        // Connections take the instances in turn, numbered across all client threads.
+        let target = targets[(first_connection + i) % targets.len()].clone();
+        let (plan, next, signer) = (plan.clone(), next.clone(), signer.clone());
         let template = template.clone();
         // Paced: this connection's number across all threads and its next request's index.
         let mut schedule = pacing.map(|(pacing, first)| (pacing, first + i, 0));

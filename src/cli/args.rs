@@ -466,9 +466,11 @@ pub struct BackupArgs {
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// The webhook URL, e.g. http://127.0.0.1:8080/webhooks/stripe.
-    #[arg(long)]
-    pub url: String,
+    /// The webhook URL, e.g. http://127.0.0.1:8080/webhooks/stripe. Repeat it for several
+    /// instances on one database: connections go to them in turn, so a redelivery, sent next
+    /// on another connection, races its first delivery on another instance.
+    #[arg(long, required = true)]
+    pub url: Vec<String>,
     /// Provider to imitate; by default taken from the URL path.
     #[arg(long, value_parser = provider_name)]
     pub provider: Option<String>,
@@ -504,7 +506,7 @@ pub struct BenchArgs {
     /// under overload is lost.
     #[arg(long)]
     pub retry: bool,
-    /// The database file of the server bench sends to. Before sending, bench refuses it when it
+    /// The database of the server bench sends to (a SQLite file, or a PostgreSQL URL). Before sending, bench refuses it when it
     /// holds orders that are not the load generator's (real orders; see --force); afterwards it
     /// checks that every unique event has exactly one row and one effect. Without it bench
     /// cannot see the database, and warns.

@@ -183,9 +183,9 @@ pub(super) fn bench(args: BenchArgs) -> CommandResult {
     }
     let configured = configure_providers(&Default::default())?;
     let provider =
-        crate::replay::choose_provider(&configured, args.provider.as_deref(), &args.url)?;
+        crate::replay::choose_provider(&configured, args.provider.as_deref(), &args.url[0])?;
     let config = crate::bench::BenchConfig {
-        url: args.url,
+        urls: args.url,
         provider,
         events: args.events,
         dup_ratio: args.dup_ratio.max(0.0),

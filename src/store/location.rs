@@ -117,6 +117,7 @@ pub fn open(
         Location::Server(url) => Arc::new(postgres::PgStore::open(
             postgres::WriterConfig {
                 target: postgres::Target::parse(url)?,
+                writers: postgres::writer::DEFAULT_WRITERS,
                 batch_max: options.batch_max,
                 queue_capacity: options.queue_capacity,
                 commit_faults: options.commit_faults,

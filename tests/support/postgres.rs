@@ -8,6 +8,9 @@
 //! PostgreSQL refuses to run as root. The server runs with fsync and synchronous commit on, as in
 //! production; only `initdb` skips its fsync. A failed command panics with its exit status, its
 //! output and the tail of the server's log.
+//!
+//! For failover tests: [`Cluster::start_primary`], its synchronous streaming replica
+//! [`Cluster::start_standby`], [`Cluster::promote`] and [`Cluster::multi_host_url`].
 #![allow(dead_code)]
 
 use std::fs;
@@ -75,6 +78,18 @@ fn find_bindir() -> Option<PathBuf> {
     found.pop().map(|(_, dir)| dir)
 }
 
+/// [`find_bindir`], or `None` when PostgreSQL is not installed (a panic if it is required).
+fn bindir_or_skip() -> Option<PathBuf> {
+    let bin = find_bindir();
+    let required = std::env::var("SEKALI_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
+    assert!(
+        bin.is_some() || !required,
+        "SEKALI_REQUIRE_POSTGRES=1, but no PostgreSQL server was found ($SEKALI_PG_BIN, \
+         `pg_config --bindir`, /usr/lib/postgresql/*/bin): `apt-get install postgresql`"
+    );
+    bin
+}
+
 /// `s` quoted for `sh`.
 fn sh_quote(s: impl AsRef<std::ffi::OsStr>) -> String {
     format!("'{}'", s.as_ref().to_string_lossy().replace('\'', r"'\''"))
@@ -83,61 +98,115 @@ fn sh_quote(s: impl AsRef<std::ffi::OsStr>) -> String {
 impl Cluster {
     /// Creates and starts a new cluster; `None` (printing nothing) if PostgreSQL is not installed.
     pub fn start() -> Option<Cluster> {
-        let Some(bin) = find_bindir() else {
-            let required = std::env::var("SEKALI_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
-            assert!(
-                !required,
-                "SEKALI_REQUIRE_POSTGRES=1, but no PostgreSQL server was found ($SEKALI_PG_BIN, \
-                 `pg_config --bindir`, /usr/lib/postgresql/*/bin): `apt-get install postgresql`"
-            );
-            return None;
-        };
-        // A short path: the path of a Unix socket is limited to about 107 bytes.
-        let dir = tempfile::TempDir::with_prefix_in("skpg", "/tmp").expect("a temp dir");
-        // The directory is ours: its owner tells whether we are root.
-        let as_postgres = dir.path().metadata().expect("stat the temp dir").uid() == 0;
-        let root = dir.path().to_path_buf();
-        let (data, socket_dir, log) = (root.join("data"), root.join("s"), root.join("log"));
-        let mut pg = Cluster {
-            bin,
-            dir,
-            data,
-            socket_dir,
-            log,
-            port: 0,
-            as_postgres,
-        };
-        fs::create_dir(&pg.socket_dir).expect("create the socket directory");
-        if as_postgres {
-            let user = Command::new("id").args(["-u", "postgres"]).output();
-            assert!(
-                user.is_ok_and(|o| o.status.success()),
-                "the tests run as root, and PostgreSQL refuses root, but there is no `postgres` \
-                 user to run it as: `apt-get install postgresql` creates one"
-            );
-            pg.run(Command::new("chown").args(["-R", "postgres:"]).arg(&root));
-        }
-        let initdb = "-A trust -U postgres -E UTF8 --locale=C --no-sync -D";
-        let mut initdb_cmd = pg.server_cmd("initdb");
-        pg.run(initdb_cmd.args(initdb.split(' ')).arg(&pg.data));
-        // The port is free when we look, but another process may bind it before the server does.
-        for attempt in 1..=3 {
-            let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-            pg.port = probe.local_addr().expect("local address").port();
-            drop(probe);
-            let log_before = pg.log().len();
-            let out = pg.pg_ctl("start").output().expect("run pg_ctl start");
-            if out.status.success() {
-                break;
-            }
-            let log = pg.log();
-            let new_lines = log.get(log_before..).unwrap_or_default();
-            if attempt == 3 || !new_lines.contains("could not bind") {
-                pg.fail("pg_ctl start", &out);
-            }
-        }
+        let mut pg = Cluster::create(bindir_or_skip()?);
+        pg.initdb();
+        pg.start_server();
         pg.spawn_watchdog();
         Some(pg)
+    }
+
+    /// Like [`start`](Self::start), but ready to be the primary of a streaming replica
+    /// ([`start_standby`](Self::start_standby)): `wal_level = replica`, WAL senders, hot standby
+    /// (the standby copies these settings). `initdb -A trust` already lets user postgres connect
+    /// for replication over the socket and from 127.0.0.1 (`local|host replication all trust`).
+    pub fn start_primary() -> Option<Cluster> {
+        let mut pg = Cluster::create(bindir_or_skip()?);
+        pg.initdb();
+        pg.append_conf(
+            "postgresql.conf",
+            "\n# Streaming replication (tests/support/postgres.rs, Cluster::start_primary)\n\
+             wal_level = replica\nmax_wal_senders = 10\nmax_replication_slots = 10\n\
+             hot_standby = on\n",
+        );
+        pg.start_server();
+        pg.spawn_watchdog();
+        Some(pg)
+    }
+
+    /// A streaming replica of this primary (from [`start_primary`](Self::start_primary)), made
+    /// synchronous: it returns once the primary's `pg_stat_replication` shows `standby1` as
+    /// `sync`, so from then on every commit on the primary (synchronous_commit = on) waits until
+    /// the standby has flushed it. The standby has its own directory, port, socket and watchdog.
+    /// One standby per primary (its `application_name` is `standby1`). While it is the
+    /// synchronous standby, commits on the primary hang if the standby is gone: kill or drop the
+    /// primary first (or [`promote`](Self::promote) the standby).
+    pub fn start_standby(&self) -> Cluster {
+        let mut sb = Cluster::create(self.bin.clone());
+        // Over TCP, as a standby on another machine would; -R writes primary_conninfo and
+        // standby.signal, -X stream copies the WAL written during the backup.
+        let mut backup = sb.server_cmd("pg_basebackup");
+        backup.arg("-D").arg(&sb.data);
+        let port = self.port.to_string();
+        backup.args([
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+        ]);
+        self.run(backup.args(["-U", "postgres"]));
+        let auto_conf = sb.data.join("postgresql.auto.conf");
+        let conf = fs::read_to_string(&auto_conf).expect("read the standby's postgresql.auto.conf");
+        let mut named = false;
+        let lines: Vec<String> = conf
+            .lines()
+            // A copy of the primary's own setting would make the standby, once promoted, wait
+            // for a synchronous standby of its own.
+            .filter(|l| !l.trim_start().starts_with("synchronous_standby_names"))
+            .map(|l| match l.strip_prefix("primary_conninfo = '") {
+                Some(rest) if rest.ends_with('\'') => {
+                    named = true;
+                    let rest = &rest[..rest.len() - 1];
+                    format!("primary_conninfo = '{rest} application_name=standby1'")
+                }
+                _ => l.to_string(),
+            })
+            .collect();
+        assert!(named, "pg_basebackup -R wrote no primary_conninfo:\n{conf}");
+        fs::write(&auto_conf, lines.join("\n") + "\n").expect("write postgresql.auto.conf");
+        sb.start_server();
+        sb.spawn_watchdog();
+        let streaming = "SELECT status FROM pg_stat_wal_receiver";
+        sb.wait_until(
+            streaming,
+            "streaming",
+            "the standby to stream from the primary",
+        );
+        self.psql(
+            "postgres",
+            "ALTER SYSTEM SET synchronous_standby_names = 'standby1'",
+        );
+        self.psql("postgres", "SELECT pg_reload_conf()");
+        let sync = "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1'";
+        self.wait_until(
+            sync,
+            "sync",
+            "the primary to take standby1 as its synchronous standby",
+        );
+        sb
+    }
+
+    /// Promotes this standby to a primary (`pg_ctl promote`) and waits until it accepts writes.
+    pub fn promote(&self) {
+        let mut promote = self.server_cmd("pg_ctl");
+        self.run(promote.args(["promote", "-w", "-D"]).arg(&self.data));
+        let recovery = "SELECT pg_is_in_recovery()";
+        self.wait_until(recovery, "f", "the promoted standby to leave recovery");
+    }
+
+    /// `postgres://postgres@127.0.0.1:P1,127.0.0.1:P2/DATABASE?target_session_attrs=read-write&
+    /// connect_timeout=2`: libpq and tokio-postgres try the hosts in turn (each connection
+    /// attempt limited to 2 seconds) and keep the first that accepts writes.
+    pub fn multi_host_url(primary: &Cluster, standby: &Cluster, database: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{database}\
+             ?target_session_attrs=read-write&connect_timeout=2",
+            primary.port, standby.port
+        )
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/DATABASE`, over TCP.
@@ -254,6 +323,93 @@ impl Cluster {
         String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
     }
 
+    /// A new cluster's directory (owned by postgres when we are root); nothing in it runs yet.
+    fn create(bin: PathBuf) -> Cluster {
+        // A short path: the path of a Unix socket is limited to about 107 bytes.
+        let dir = tempfile::TempDir::with_prefix_in("skpg", "/tmp").expect("a temp dir");
+        // The directory is ours: its owner tells whether we are root.
+        let as_postgres = dir.path().metadata().expect("stat the temp dir").uid() == 0;
+        let root = dir.path().to_path_buf();
+        let (data, socket_dir, log) = (root.join("data"), root.join("s"), root.join("log"));
+        let pg = Cluster {
+            bin,
+            dir,
+            data,
+            socket_dir,
+            log,
+            port: 0,
+            as_postgres,
+        };
+        fs::create_dir(&pg.socket_dir).expect("create the socket directory");
+        if as_postgres {
+            let user = Command::new("id").args(["-u", "postgres"]).output();
+            assert!(
+                user.is_ok_and(|o| o.status.success()),
+                "the tests run as root, and PostgreSQL refuses root, but there is no `postgres` \
+                 user to run it as: `apt-get install postgresql` creates one"
+            );
+            pg.run(Command::new("chown").args(["-R", "postgres:"]).arg(&root));
+        }
+        pg
+    }
+
+    fn initdb(&self) {
+        let initdb = "-A trust -U postgres -E UTF8 --locale=C --no-sync -D";
+        let mut initdb_cmd = self.server_cmd("initdb");
+        self.run(initdb_cmd.args(initdb.split(' ')).arg(&self.data));
+    }
+
+    /// Appends `text` to the configuration file `name` of the data directory.
+    fn append_conf(&self, name: &str, text: &str) {
+        use std::io::Write;
+        let path = self.data.join(name);
+        let mut file = fs::OpenOptions::new().append(true).open(&path);
+        let file = file
+            .as_mut()
+            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+        file.write_all(text.as_bytes())
+            .expect("append to the configuration");
+    }
+
+    /// Starts the server on a free port.
+    fn start_server(&mut self) {
+        // The port is free when we look, but another process may bind it before the server does.
+        for attempt in 1..=3 {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+            self.port = probe.local_addr().expect("local address").port();
+            drop(probe);
+            let log_before = self.log().len();
+            let out = self.pg_ctl("start").output().expect("run pg_ctl start");
+            if out.status.success() {
+                return;
+            }
+            let log = self.log();
+            let new_lines = log.get(log_before..).unwrap_or_default();
+            if attempt == 3 || !new_lines.contains("could not bind") {
+                self.fail("pg_ctl start", &out);
+            }
+        }
+    }
+
+    /// Runs `sql` (in database postgres) until it returns `want`; panics after 30 seconds.
+    fn wait_until(&self, sql: &str, want: &str, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = self.psql("postgres", sql);
+            if got == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "PostgreSQL test cluster: waited 30 s for {what}: `{sql}` gives {got:?}, not \
+                 {want:?}\n--- last lines of {}\n{}",
+                self.log.display(),
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// A command without the caller's `PG*` variables (PGHOST, PGOPTIONS, ...), run from a
     /// directory the postgres user can enter.
     fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
@@ -305,9 +461,6 @@ impl Cluster {
     }
 
     fn fail(&self, what: &str, out: &Output) -> ! {
-        let log = self.log();
-        let tail: Vec<&str> = log.lines().rev().take(30).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
         panic!(
             "PostgreSQL test cluster: {what} failed ({})\n--- stdout\n{}--- stderr\n{}\
              --- last lines of {}\n{}",
@@ -315,8 +468,16 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
             self.log.display(),
-            tail.join("\n")
+            self.log_tail()
         );
+    }
+
+    /// The last 30 lines of the server's log.
+    fn log_tail(&self) -> String {
+        let log = self.log();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        tail.join("\n")
     }
 
     /// Starts a shell that waits for this process to exit, then stops the server and deletes its

@@ -218,7 +218,7 @@ fn resolve_and_apply(
     // none yet: two instances changing one order (two of its payments, or a payment and an
     // operator's decision or the API's creation of it) compute it one after the other, each
     // from the other's result, instead of the later commit overwriting the earlier's.
-    let current = lock_order(db, &order_id, provider, &event.event_id, now)?;
+    let current = lock_order(db, &order_id)?;
     let others: Vec<(String, ledger::StoredPayment)> = ledger::of_order(db, &order_id)?
         .into_iter()
         .filter(|(p, stored)| !(p == provider && stored.reference == reference))
@@ -283,28 +283,12 @@ fn resolve_and_apply(
     Ok((decision.outcome, Some(order_id)))
 }
 
-/// The order `order_id` as [`load_order`] reads it, its row locked; when it has no row yet, its
-/// key is held instead, by inserting a row and deleting it again in this transaction: another
-/// instance's insert of the order (a delivery creating it, `POST /orders`) waits for this
-/// transaction to end, and then finds the order this one wrote. Returns `None` then, and leaves
-/// no row behind (the caller writes the order, `write_order` inserting it).
-fn lock_order(
-    db: &mut Db<'_, '_>,
-    order_id: &str,
-    provider: &str,
-    event_id: &str,
-    now: &str,
-) -> Result<Option<OrderState>, StoreError> {
-    let held = db.execute(
-        "INSERT INTO orders (order_id, provider, status, created_at, updated_at, last_event_id)
-         VALUES ($1, $2, 'pending', $3, $3, $4)
-         ON CONFLICT (order_id) DO NOTHING",
-        &[&order_id, &provider, &now, &event_id],
-    )?;
-    if held != 0 {
-        db.execute("DELETE FROM orders WHERE order_id = $1", &[&order_id])?;
-        return Ok(None);
-    }
+/// The order `order_id` as [`load_order`] reads it, its row locked, after holding its key
+/// ([`super::hold`]): when it has no row yet, another instance's insert of the order (a delivery
+/// creating it, `POST /orders`) waits for this transaction to end, and then finds the order this
+/// one wrote (the caller writes the order, `write_order` inserting it).
+fn lock_order(db: &mut Db<'_, '_>, order_id: &str) -> Result<Option<OrderState>, StoreError> {
+    super::hold(db, &super::order_key(order_id))?;
     load_order(db, order_id)
 }
 

@@ -145,30 +145,17 @@ pub fn load(
 /// one payment at once merge one after the other (each reads the other's facts) rather than
 /// both from the same old row, the later commit losing the earlier's facts.
 ///
-/// A payment not stored yet has no row to lock: its key is held instead, by inserting an empty
-/// row and deleting it again in this transaction (another instance's insert of the same key,
-/// this one included, waits for this transaction to end). So returns `None` as [`load`] does,
-/// and leaves no row behind.
+/// A payment not stored yet has no row to lock: its key is held first ([`super::hold`]), so
+/// another instance's first write of the same payment waits for this transaction to end. Returns
+/// `None` then, as [`load`] does.
 pub fn load_locked(
     db: &mut Db<'_, '_>,
     provider: &str,
     reference: &str,
 ) -> Result<Option<StoredPayment>, StoreError> {
-    let held = db.execute(
-        "INSERT INTO payments (provider, payment_ref, created_at, updated_at)
-         VALUES ($1, $2, '', '')
-         ON CONFLICT (provider, payment_ref) DO NOTHING",
-        &[&provider, &reference],
-    )?;
-    if held != 0 {
-        db.execute(
-            "DELETE FROM payments WHERE provider = $1 AND payment_ref = $2",
-            &[&provider, &reference],
-        )?;
-        return Ok(None);
-    }
-    // The row exists (committed): lock it. None when another instance deleted it in between
-    // (it folded the payment into another as an alias); the caller looks its name up again.
+    super::hold(db, &super::payment_key(provider, reference))?;
+    // None when there is no row yet, or when another instance deleted it while this one waited
+    // (it folded the payment into another as an alias): the caller looks its name up again.
     let row = db.query_opt(
         "SELECT order_id, currency, requested, expected, authorized, captured, captured_at,
                 released, released_as_refunds, attempt, attempt_at, undone,

@@ -163,6 +163,30 @@ impl<'a, 't> Db<'a, 't> {
     }
 }
 
+/// Holds `key` until the transaction ends (a transaction-scoped advisory lock on its 64-bit
+/// hash): what locks a row that may not exist yet. Every writer of an order holds
+/// [`order_key`] before it reads the order to change it, and every writer of a payment its
+/// [`payment_key`], so a second instance's change waits for the first's commit and then reads
+/// what it wrote, whether the row existed before or not. Unlike inserting a row to lock its key,
+/// it writes nothing. Two keys whose hashes collide only wait for each other.
+pub fn hold(db: &mut Db<'_, '_>, key: &str) -> Result<(), StoreError> {
+    db.query_one(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&key],
+    )?;
+    Ok(())
+}
+
+/// The key [`hold`] takes for an order.
+pub fn order_key(order_id: &str) -> String {
+    format!("order\u{1f}{order_id}")
+}
+
+/// The key [`hold`] takes for a payment.
+pub fn payment_key(provider: &str, reference: &str) -> String {
+    format!("payment\u{1f}{provider}\u{1f}{reference}")
+}
+
 /// Reads column `index` of `row`, as a store error (not a panic) when its type does not match.
 pub fn get<'r, T: postgres::types::FromSql<'r>>(
     row: &'r Row,

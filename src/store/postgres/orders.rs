@@ -132,8 +132,10 @@ pub fn insert_api_order(
 ) -> Result<Option<OrderView>, StoreError> {
     let now = iso_seconds(now_unix);
     let origin = format!("api:{client}");
-    // A concurrent insert of the same order id (another instance) waits on the primary key
-    // until the first commits, then does nothing: exactly one creates the order.
+    // Held as every writer of the order holds it (a delivery creating the same order on another
+    // instance waits, and finds this one); a concurrent insert of the same order id waits on
+    // the primary key until the first commits, then does nothing: exactly one creates it.
+    super::hold(db, &super::order_key(&order.order_id))?;
     let inserted = db.execute(
         "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
                              customer_email, created_at, updated_at, last_event_id, source, metadata,

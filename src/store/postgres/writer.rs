@@ -31,12 +31,20 @@ use crate::store::{CommitFaults, CreateOrder, ErrorKind, WriteError};
 /// Times a unit reruns after a deadlock or a serialization failure before it gets 503.
 pub const TRANSIENT_RERUNS: u32 = 3;
 
+/// Writers per instance unless set. A writer spends most of a batch waiting for the server's
+/// answers (one round trip per statement): several, each committing its own batches, keep the
+/// server busy while each waits. Measured with benches/engines.sh (see docs/postgres.md).
+pub const DEFAULT_WRITERS: usize = 4;
+
 /// How long the writer waits between attempts to connect again.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Clone)]
 pub struct WriterConfig {
     pub target: Target,
+    /// Writer threads, each with a connection of its own, taking batches from one queue (see
+    /// [`DEFAULT_WRITERS`]).
+    pub writers: usize,
     /// Most units of work committed by one transaction.
     pub batch_max: usize,
     /// Units waiting for the writer before new deliveries get 503.
@@ -160,11 +168,11 @@ impl Counters {
     }
 }
 
-/// A handle to the writer thread; cheap to clone.
+/// A handle to the writer threads; cheap to clone.
 #[derive(Clone)]
 pub struct Writer {
     queue: SyncSender<Job>,
-    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
     counters: Arc<Counters>,
 }
 
@@ -172,18 +180,32 @@ impl Writer {
     /// Connects (so that a wrong URL or password fails startup, not the first delivery) and
     /// starts the writer thread. The schema must be in place.
     pub fn start(config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
-        let client = config.target.connect()?;
         let counters = Arc::new(Counters::default());
-        Counters::add(&counters.connections_opened, 1);
+        let clients = (0..config.writers.max(1))
+            .map(|_| config.target.connect())
+            .collect::<Result<Vec<_>, _>>()?;
+        Counters::add(&counters.connections_opened, clients.len());
         let (queue, jobs) = mpsc::sync_channel(config.queue_capacity.max(1));
-        let shared = counters.clone();
-        let thread = std::thread::Builder::new()
-            .name("sekali-pg-writer".into())
-            .spawn(move || run(client, jobs, config, clock, &shared))
-            .expect("spawning the writer thread");
+        let jobs = Arc::new(Mutex::new(jobs));
+        let threads = clients
+            .into_iter()
+            .enumerate()
+            .map(|(n, client)| {
+                let (jobs, config, clock, counters) = (
+                    jobs.clone(),
+                    config.clone(),
+                    clock.clone(),
+                    counters.clone(),
+                );
+                std::thread::Builder::new()
+                    .name(format!("sekali-pg-writer-{n}"))
+                    .spawn(move || run(client, &jobs, config, clock, &counters))
+                    .expect("spawning a writer thread")
+            })
+            .collect();
         Ok(Writer {
             queue,
-            thread: Arc::new(Mutex::new(Some(thread))),
+            threads: Arc::new(Mutex::new(threads)),
             counters,
         })
     }
@@ -254,8 +276,12 @@ impl Writer {
 
     /// Lets the writer finish everything already queued, then stops it and waits. Blocking.
     pub fn shutdown(&self) {
-        let _ = self.queue.send(Job::Shutdown);
-        if let Some(thread) = self.thread.lock().expect("writer thread lock").take() {
+        let threads = std::mem::take(&mut *self.threads.lock().expect("writer threads lock"));
+        // One stop for each writer: a writer takes one and ends.
+        for _ in &threads {
+            let _ = self.queue.send(Job::Shutdown);
+        }
+        for thread in threads {
             let _ = thread.join();
         }
     }
@@ -305,7 +331,7 @@ impl Connection {
 
 fn run(
     client: Client,
-    jobs: Receiver<Job>,
+    jobs: &Mutex<Receiver<Job>>,
     config: WriterConfig,
     clock: SharedClock,
     counters: &Counters,
@@ -317,18 +343,22 @@ fn run(
     let batch_max = config.batch_max.max(1);
     let mut shutting_down = false;
     while !shutting_down {
-        let Ok(first) = jobs.recv() else { break };
         let mut batch = Vec::with_capacity(batch_max);
         let mut purges = Vec::new();
-        let mut next = Some(first);
-        while let Some(job) = next.take() {
-            match job {
-                Job::Work(work) => batch.push(*work),
-                Job::PurgeBatch { limit, reply } => purges.push((limit, reply)),
-                Job::Shutdown => shutting_down = true,
-            }
-            if batch.len() < batch_max && !shutting_down {
-                next = jobs.try_recv().ok();
+        {
+            // One writer takes what is queued, up to a batch; the others wait their turn.
+            let jobs = jobs.lock().expect("the writers' queue lock");
+            let Ok(first) = jobs.recv() else { break };
+            let mut next = Some(first);
+            while let Some(job) = next.take() {
+                match job {
+                    Job::Work(work) => batch.push(*work),
+                    Job::PurgeBatch { limit, reply } => purges.push((limit, reply)),
+                    Job::Shutdown => shutting_down = true,
+                }
+                if batch.len() < batch_max && !shutting_down {
+                    next = jobs.try_recv().ok();
+                }
             }
         }
         if !batch.is_empty() {
@@ -400,18 +430,63 @@ fn run_batch(
 ) -> bool {
     let now_unix = clock.now_unix();
     let now_ms = clock.now_millis();
-    let mut tx = match client.transaction() {
-        Ok(tx) => tx,
+    // Deliveries and the relay's work first, optimistically, without savepoints: a savepoint
+    // costs two round trips per unit, and almost every batch succeeds whole. If one unit fails,
+    // PostgreSQL has aborted the transaction: it is rolled back and the whole batch runs again
+    // with a savepoint per unit, where that unit fails alone. Each can run twice: nothing was
+    // committed or answered. API work cannot (its response is worded once, an `FnOnce`), so it
+    // always runs in a savepoint of its own, after the rest.
+    let (plain, api): (Vec<_>, Vec<_>) = batch
+        .into_iter()
+        .partition(|(work, _)| !matches!(work, Work::Idempotent { .. }));
+    let Some(mut tx) = begin(client) else {
+        plain
+            .into_iter()
+            .chain(api)
+            .for_each(|(work, _)| unrun(work).fail(unavailable));
+        return client.is_closed();
+    };
+    let optimistic: Result<Vec<Ran>, StoreError> = {
+        let mut db = Db::new(&mut tx, statements);
+        plain
+            .iter()
+            .map(|(work, span)| {
+                let _entered = span.enter();
+                run_rerunnable(&mut db, work, now_unix, now_ms)
+            })
+            .collect()
+    };
+    let (mut tx, mut done, batch) = match optimistic {
+        Ok(ran) => {
+            let done: Vec<Done> = plain
+                .into_iter()
+                .zip(ran)
+                .map(|((work, _), ran)| ran.done(work))
+                .collect();
+            (tx, done, api)
+        }
         Err(e) => {
-            let e = StoreError::from(e);
-            tracing::error!(error = %crate::telemetry::ErrorChain(&e), "could not begin the write transaction; everything in the batch gets 503");
-            for (work, _) in batch {
-                unrun(work).fail(unavailable);
+            drop(tx);
+            if e.is_connection_lost() {
+                tracing::error!(error = %crate::telemetry::ErrorChain(&e), "the connection was lost during the batch; everything in it gets 503");
+                plain
+                    .into_iter()
+                    .chain(api)
+                    .for_each(|(work, _)| unrun(work).fail(unavailable));
+                return true;
             }
-            return e.is_connection_lost();
+            tracing::debug!(error = %crate::telemetry::ErrorChain(&e), "a unit failed: rerunning the batch with a savepoint each");
+            let Some(tx) = begin(client) else {
+                plain
+                    .into_iter()
+                    .chain(api)
+                    .for_each(|(work, _)| unrun(work).fail(unavailable));
+                return client.is_closed();
+            };
+            (tx, Vec::new(), plain.into_iter().chain(api).collect())
         }
     };
-    let mut done = Vec::with_capacity(batch.len());
+    done.reserve(batch.len());
     let mut broken: Option<StoreError> = None;
     {
         let mut db = Db::new(&mut tx, statements);
@@ -449,6 +524,64 @@ fn run_batch(
     done.iter().for_each(|d| d.count(counters));
     done.into_iter().for_each(Done::answer);
     false
+}
+
+/// Opens the batch's transaction; `None` (logged) when it cannot.
+fn begin(client: &mut Client) -> Option<postgres::Transaction<'_>> {
+    match client.transaction() {
+        Ok(tx) => Some(tx),
+        Err(e) => {
+            let e = StoreError::from(e);
+            tracing::error!(error = %crate::telemetry::ErrorChain(&e), "could not begin the write transaction; everything in the batch gets 503");
+            None
+        }
+    }
+}
+
+/// What a unit that can run twice did, before its answer is due.
+enum Ran {
+    Delivery(Outcome),
+    Claim(Vec<ClaimedEmail>),
+    Results(Vec<bool>),
+}
+
+impl Ran {
+    /// The answer to `work`, the unit that did this.
+    fn done(self, work: Work) -> Done {
+        match (self, work) {
+            (Ran::Delivery(outcome), Work::Delivery { reply, .. }) => {
+                Done::Delivery(reply, Ok(outcome))
+            }
+            (Ran::Claim(rows), Work::OutboxClaim { reply, .. }) => {
+                Done::OutboxClaim(reply, Ok(rows))
+            }
+            (Ran::Results(recorded), Work::OutboxResults { reply, .. }) => {
+                Done::OutboxResults(reply, Ok(recorded))
+            }
+            _ => unreachable!("a unit's result is of its own kind"),
+        }
+    }
+}
+
+/// Runs a unit that can run again (not API work) in the open transaction.
+fn run_rerunnable(
+    db: &mut Db<'_, '_>,
+    work: &Work,
+    now_unix: i64,
+    now_ms: i64,
+) -> Result<Ran, StoreError> {
+    Ok(match work {
+        Work::Delivery { event, payload, .. } => Ran::Delivery(events::record_event_and_apply(
+            db, event, payload, now_unix,
+        )?),
+        Work::OutboxClaim { request, .. } => {
+            Ran::Claim(outbox::claim_due_in_transaction(db, request, now_ms)?)
+        }
+        Work::OutboxResults { owner, results, .. } => Ran::Results(
+            outbox::record_results_in_transaction(db, owner, results, now_ms)?,
+        ),
+        Work::Idempotent { .. } => unreachable!("API work runs in a savepoint of its own"),
+    })
 }
 
 /// The answer to work that did not run (its error is set by [`Done::fail`]).
