@@ -18,7 +18,12 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        // The PostgreSQL driver logs every statement's parameters at debug level: payloads,
+        // signatures, customers' addresses. Never shown, whatever RUST_LOG asks for.
+        .add_directive("tokio_postgres=info".parse().expect("a directive"))
+        .add_directive("postgres=info".parse().expect("a directive"));
     // Whether INFO lines are wanted at all: a demoted line is shown only then.
     let info_enabled = filter
         .max_level_hint()

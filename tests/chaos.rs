@@ -20,8 +20,23 @@
 //!
 //! Sizes: `SEKALI_CHAOS_EVENTS` (default 3000) and `SEKALI_CHAOS_KILLS` (default 10); the large
 //! run in docs/reliability.md ("Crash chaos") uses 20000 and 100 on a release build.
+//!
+//! The same on PostgreSQL, with two instances: two `sekali serve --db postgres://...` share one
+//! fresh database of the tests' private server (tests/support/postgres.rs), each with its own
+//! mail directory and its own relay. The senders spread the deliveries over both (an event's
+//! redeliveries go to the instance its first delivery did not, and a delivery that fails is sent
+//! at once to the other one); instance A is killed with SIGKILL at K random moments and
+//! restarted while B keeps running. Then the same redelivery and the same checks, in SQL both
+//! engines run, against PostgreSQL (not the SQLite file's own: integrity_check and the WAL). The
+//! emails: every row sent, and the `.eml` files of both mail directories together hold each
+//! sent row's key, each whole; a key is in both directories only where the row was claimed again
+//! after a lease ran out: its copy in A's directory written before a SIGKILL of A and its copy in
+//! B's after it, or a relay's log saying its lease ran out on it. Sizes: `SEKALI_CHAOS_PG_EVENTS`
+//! (default 2000) and `SEKALI_CHAOS_PG_KILLS` (default 6). Without PostgreSQL installed the test
+//! passes after one line saying so (with `SEKALI_REQUIRE_POSTGRES=1`, as in CI, it fails).
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -324,17 +339,20 @@ struct Server {
     child: Option<Child>,
     /// The port the server reported; 0 until it first started.
     port: u16,
-    db: PathBuf,
+    /// What `--db` names: the SQLite file, or a PostgreSQL URL.
+    db: OsString,
+    mail: PathBuf,
     log: PathBuf,
 }
 
 impl Server {
     /// Starts the server on a port of the system's choosing, which `port` then holds.
-    fn start(db: &Path, log: &Path) -> Server {
+    fn start(db: &OsStr, mail: &Path, log: &Path) -> Server {
         let mut server = Server {
             child: None,
             port: 0,
             db: db.to_owned(),
+            mail: mail.to_owned(),
             log: log.to_owned(),
         };
         server.spawn();
@@ -348,7 +366,6 @@ impl Server {
             .open(&self.log)
             .unwrap();
         let log_start = log.metadata().unwrap().len();
-        let mail = self.db.parent().unwrap().join("mail");
         let child = Command::new(env!("CARGO_BIN_EXE_sekali"))
             .args([
                 "serve",
@@ -368,7 +385,7 @@ impl Server {
             ])
             .arg(&self.db)
             .arg("--mail-dir")
-            .arg(&mail)
+            .arg(&self.mail)
             .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
             .env("MIDTRANS_SERVER_KEY", MIDTRANS_KEY)
             // Notifications applied as sent: the chaos is the server's, not Midtrans's API.
@@ -393,11 +410,14 @@ impl Server {
         );
     }
 
-    fn kill9_and_restart(&mut self) {
+    /// Returns when the killed process was gone: every file it wrote is older.
+    fn kill9_and_restart(&mut self) -> SystemTime {
         let mut child = self.child.take().unwrap();
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
+        let dead = SystemTime::now();
         self.spawn();
+        dead
     }
 
     fn stop(&mut self) {
@@ -493,7 +513,7 @@ fn crash_chaos_loses_nothing_and_applies_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("chaos.db");
     let log = dir.path().join("server.log");
-    let server = Server::start(&db, &log);
+    let server = Server::start(db.as_os_str(), &dir.path().join("mail"), &log);
     let port = server.port;
     let server = Arc::new(Mutex::new(server));
 
@@ -555,26 +575,14 @@ fn crash_chaos_loses_nothing_and_applies_nothing_twice() {
     let phase1 = started.elapsed();
 
     // Before any redelivery: what the kills did.
-    let ids: HashMap<(Provider, &str), usize> = events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| ((e.provider, e.id.as_str()), i))
-        .collect();
-    let stored = stored_event_ids(&db);
     let acked_phase1: Vec<bool> = acked.iter().map(|a| a.load(Ordering::SeqCst)).collect();
-    let present = |i: usize| stored.contains(&(events[i].provider, events[i].id.clone()));
-    let lost: Vec<&str> = (0..events.len())
-        .filter(|&i| acked_phase1[i] && !present(i))
-        .map(|i| events[i].id.as_str())
-        .collect();
-    let recovered = (0..events.len())
-        .filter(|&i| !acked_phase1[i] && present(i))
-        .count();
-    let unacked = acked_phase1.iter().filter(|a| !**a).count();
-    let unexpected: Vec<_> = stored
-        .iter()
-        .filter(|(p, id)| !ids.contains_key(&(*p, id.as_str())))
-        .collect();
+    let stored = stored_event_ids(&mut Connection::open(&db).unwrap());
+    let Damage {
+        lost,
+        recovered,
+        unacked,
+        unexpected,
+    } = kill_damage(&events, &acked_phase1, &stored);
 
     // Phase 2: redeliver everything not acknowledged, until it is.
     let agent = agent();
@@ -625,9 +633,13 @@ fn crash_chaos_loses_nothing_and_applies_nothing_twice() {
     }
     server.lock().unwrap().stop();
 
-    let conn = Connection::open(&db).unwrap();
-    let report = check_invariants(&conn, &events, &orders);
-    let emails = check_emails(&conn, &dir.path().join("mail"));
+    let mut conn = Connection::open(&db).unwrap();
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    let report = check_invariants(&mut conn, &events, &orders);
+    let emails = check_emails(&mut conn, &dir.path().join("mail"));
     println!(
         "crash chaos: {} events ({} orders), {} deliveries from {SENDERS} senders, {kills} SIGKILLs, seed {seed:#x}\n\
          phase 1: {:.1}s, {} acknowledged, {unacked} not acknowledged\n\
@@ -662,44 +674,386 @@ fn crash_chaos_loses_nothing_and_applies_nothing_twice() {
     );
 }
 
-/// Every outbox row with a recipient ends `sent` (the others `skipped`: the Midtrans events carry
-/// no address), and each sent row has its file: whole (the MIME message ends with its closing
-/// boundary) and naming the row's key in its Message-ID. Returns how many were sent.
-fn check_emails(conn: &Connection, mail: &Path) -> usize {
-    let mut stmt = conn
-        .prepare(
-            "SELECT idempotency_key, status, attempts FROM email_outbox
-             WHERE status <> 'skipped' OR recipient IS NOT NULL",
-        )
-        .unwrap();
-    let rows: Vec<(String, String, i64)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .map(Result::unwrap)
+
+// ---------------------------------------------------------------------------------------------
+// The same run on PostgreSQL: two instances, one of them killed
+
+#[test]
+fn crash_chaos_on_postgres_with_two_instances_loses_nothing_and_applies_nothing_twice() {
+    let Some(cluster) = helpers::pg_cluster::shared() else {
+        println!("{}", helpers::pg_cluster::skip_note());
+        return;
+    };
+    let events_wanted = env_usize("SEKALI_CHAOS_PG_EVENTS", 2000);
+    let kills = env_usize("SEKALI_CHAOS_PG_KILLS", 6);
+    let seed = env_usize("SEKALI_CHAOS_SEED", 0x5e_ca11) as u64;
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let started = Instant::now();
+
+    let Workload { events, orders } = workload(events_wanted);
+    let events = Arc::new(events);
+    // Every event once, plus redeliveries making up a third of all requests, shuffled. Each
+    // event's first delivery goes to either instance; its redeliveries go to the other one.
+    let mut deliveries: Vec<usize> = (0..events.len()).collect();
+    deliveries.extend((0..events.len() / 2).map(|_| rng.usize(..events.len())));
+    rng.shuffle(&mut deliveries);
+    let mut first_to: Vec<Option<usize>> = vec![None; events.len()];
+    let targets: Vec<usize> = deliveries
+        .iter()
+        .map(|&event| match first_to[event] {
+            Some(first) => 1 - first,
+            None => *first_to[event].insert(rng.usize(0..2)),
+        })
         .collect();
-    for (key, status, attempts) in &rows {
-        assert_eq!(
-            status, "sent",
-            "email {key} ended {status} after {attempts} attempts"
+    let first_to: Vec<usize> = first_to.into_iter().map(Option::unwrap).collect();
+    let (deliveries, targets) = (Arc::new(deliveries), Arc::new(targets));
+
+    let database = cluster.fresh_database();
+    let url = cluster.url(&database);
+    let dir = tempfile::tempdir().unwrap();
+    let (mail_a, mail_b) = (dir.path().join("mail-a"), dir.path().join("mail-b"));
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    // One after the other: the first creates the schema.
+    let a = Server::start(OsStr::new(&url), &mail_a, &log_a);
+    let mut b = Server::start(OsStr::new(&url), &mail_b, &log_b);
+    let ports = [a.port, b.port];
+    let a = Arc::new(Mutex::new(a));
+
+    // Phase 1: concurrent senders over both instances; a killer thread kills and restarts A K
+    // times, while B keeps running. A delivery that fails is sent at once to the other instance.
+    let acked: Arc<Vec<AtomicBool>> =
+        Arc::new((0..events.len()).map(|_| AtomicBool::new(false)).collect());
+    let next = Arc::new(AtomicUsize::new(0));
+    let sent_on = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let failed_over = Arc::new(AtomicUsize::new(0));
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|_| {
+            let (events, deliveries, targets, acked, next, sent_on, failed_over) = (
+                events.clone(),
+                deliveries.clone(),
+                targets.clone(),
+                acked.clone(),
+                next.clone(),
+                sent_on.clone(),
+                failed_over.clone(),
+            );
+            std::thread::spawn(move || {
+                let agent = agent();
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(&event) = deliveries.get(i) else {
+                        break;
+                    };
+                    let to = targets[i];
+                    sent_on[to].fetch_add(1, Ordering::Relaxed);
+                    let mut answered = deliver(&agent, ports[to], &events[event]);
+                    if answered.is_none() {
+                        failed_over.fetch_add(1, Ordering::Relaxed);
+                        sent_on[1 - to].fetch_add(1, Ordering::Relaxed);
+                        answered = deliver(&agent, ports[1 - to], &events[event]);
+                    }
+                    match answered {
+                        Some(_) => acked[event].store(true, Ordering::SeqCst),
+                        None => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            })
+        })
+        .collect();
+    let killer = {
+        let (a, next, total) = (a.clone(), next.clone(), deliveries.len());
+        let jitter: Vec<u64> = (0..kills).map(|_| rng.u64(0..4000)).collect();
+        std::thread::spawn(move || {
+            let mut deaths = Vec::new();
+            for (k, jitter_us) in jitter.into_iter().enumerate() {
+                let threshold = (k + 1) * total / (kills + 1);
+                while next.load(Ordering::SeqCst) < threshold {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                std::thread::sleep(Duration::from_micros(jitter_us));
+                deaths.push(a.lock().unwrap().kill9_and_restart());
+            }
+            deaths
+        })
+    };
+    for sender in senders {
+        sender.join().unwrap();
+    }
+    let deaths_of_a = killer.join().unwrap();
+    let phase1 = started.elapsed();
+
+    // Before any redelivery: what the kills did.
+    let mut pg = postgres::Client::connect(&url, postgres::NoTls)
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    let acked_phase1: Vec<bool> = acked.iter().map(|a| a.load(Ordering::SeqCst)).collect();
+    let damage = kill_damage(&events, &acked_phase1, &stored_event_ids(&mut pg));
+
+    // Phase 2: redeliver everything not acknowledged, until it is: first to the instance its
+    // first delivery did not go to, then to each in turn.
+    let agent = agent();
+    for (i, event) in events.iter().enumerate() {
+        if acked_phase1[i] {
+            continue;
+        }
+        let mut answered = None;
+        for attempt in 0..50 {
+            answered = deliver(&agent, ports[(1 - first_to[i] + attempt) % 2], event);
+            if answered.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(answered.is_some(), "{} was never acknowledged", event.id);
+    }
+    // Phase 3: everything once more, to both instances in turn: every answer is a duplicate.
+    let mut not_duplicate = Vec::new();
+    for (i, event) in events.iter().enumerate() {
+        let status = deliver(&agent, ports[i % 2], event);
+        if status.as_deref() != Some("duplicate") {
+            not_duplicate.push((event.id.clone(), status));
+        }
+    }
+    // The relays finish their work: rows a killed relay held wait out their lease.
+    let drain_deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pending = count(
+            &mut pg,
+            "SELECT count(*) FROM email_outbox WHERE status = 'pending'",
         );
-        let path = mail.join(format!("{key}.eml"));
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{} of a sent row: {e}", path.display()));
+        if pending == 0 {
+            break;
+        }
         assert!(
-            text.contains(&format!("Message-ID: <{key}@")),
-            "{}",
-            path.display()
+            Instant::now() < drain_deadline,
+            "{pending} emails still pending a minute after the load"
         );
-        let boundary = text
-            .split("boundary=\"")
-            .nth(1)
-            .and_then(|rest| rest.split('"').next())
-            .unwrap_or_else(|| panic!("{} has no MIME boundary", path.display()));
-        assert!(
-            text.trim_end().ends_with(&format!("--{boundary}--")),
-            "{} is cut short",
-            path.display()
-        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    a.lock().unwrap().stop();
+    b.stop();
+
+    let report = check_invariants(&mut pg, &events, &orders);
+    let logs = [&log_a, &log_b]
+        .map(|log| std::fs::read_to_string(log).unwrap())
+        .join("");
+    let emails = check_emails_in_two_dirs(&mut pg, [&mail_a, &mail_b], &deaths_of_a, &logs);
+    println!(
+        "crash chaos on PostgreSQL: {} events ({} orders), {} deliveries from {SENDERS} senders to two instances \
+         ({} to A, {} to B, {} of them sent again to the other after a failure), {kills} SIGKILLs of A, seed {seed:#x}\n\
+         phase 1: {:.1}s, {} acknowledged, {} not acknowledged\n\
+         lost (acked, missing): {}   recovered (unacked, present): {}   unexpected rows: {}\n\
+         after redelivery: {} event rows, {} transitions, {} outbox rows, total {:.1}s\n\
+         emails: {} sent, each a whole .eml file: {} files in A's mail directory, {} in B's, \
+         {} keys in both (claimed again after A's SIGKILL or a lease that ran out)",
+        events.len(),
+        orders.len(),
+        deliveries.len(),
+        sent_on[0].load(Ordering::Relaxed),
+        sent_on[1].load(Ordering::Relaxed),
+        failed_over.load(Ordering::Relaxed),
+        phase1.as_secs_f64(),
+        events.len() - damage.unacked,
+        damage.unacked,
+        damage.lost.len(),
+        damage.recovered,
+        damage.unexpected.len(),
+        report.events,
+        report.transitions,
+        report.outbox,
+        started.elapsed().as_secs_f64(),
+        emails.sent,
+        emails.files[0],
+        emails.files[1],
+        emails.in_both,
+    );
+    assert!(
+        damage.lost.is_empty(),
+        "acknowledged but missing: {:?}",
+        damage.lost
+    );
+    assert!(
+        damage.unexpected.is_empty(),
+        "rows nobody sent: {:?}",
+        damage.unexpected
+    );
+    assert!(
+        not_duplicate.is_empty(),
+        "the final redelivery changed something: {:?}",
+        &not_duplicate[..not_duplicate.len().min(10)]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checks, on either engine
+
+/// The reads the checks make, which both engines answer: every row of `sql` (one statement, in
+/// SQL both run), each value as text (an integer in decimal), NULL as `None`.
+trait Db {
+    fn rows(&mut self, sql: &str) -> Vec<Vec<Option<String>>>;
+}
+
+impl Db for Connection {
+    fn rows(&mut self, sql: &str) -> Vec<Vec<Option<String>>> {
+        use rusqlite::types::ValueRef;
+        let mut statement = self.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let columns = statement.column_count();
+        let rows = statement.query_map([], |row| {
+            (0..columns)
+                .map(|i| {
+                    Ok(match row.get_ref(i)? {
+                        ValueRef::Null => None,
+                        ValueRef::Integer(n) => Some(n.to_string()),
+                        ValueRef::Real(x) => Some(x.to_string()),
+                        ValueRef::Text(t) | ValueRef::Blob(t) => {
+                            Some(String::from_utf8_lossy(t).into_owned())
+                        }
+                    })
+                })
+                .collect()
+        });
+        rows.and_then(Iterator::collect)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+}
+
+/// The `postgres` crate's blocking client: the checks run on the test's own threads, outside
+/// any async runtime. The simple query protocol answers every value as text.
+impl Db for postgres::Client {
+    fn rows(&mut self, sql: &str) -> Vec<Vec<Option<String>>> {
+        let messages = self
+            .simple_query(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        messages
+            .into_iter()
+            .filter_map(|message| match message {
+                postgres::SimpleQueryMessage::Row(row) => Some(
+                    (0..row.len())
+                        .map(|i| row.get(i).map(str::to_owned))
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// A value that is not NULL.
+fn text(value: &Option<String>) -> String {
+    value.clone().expect("a value, not NULL")
+}
+
+/// An integer value (not NULL).
+fn int(value: &Option<String>) -> i64 {
+    let value = value.as_deref().expect("an integer, not NULL");
+    value
+        .parse()
+        .unwrap_or_else(|e| panic!("{value:?}: {e}"))
+}
+
+/// The one number `sql` answers (`count(*)`: an integer in SQLite, a bigint in PostgreSQL).
+fn count(db: &mut dyn Db, sql: &str) -> i64 {
+    let rows = db.rows(sql);
+    assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
+    int(&rows[0][0])
+}
+
+/// What the kills did, before any redelivery.
+struct Damage {
+    /// Acknowledged, yet missing.
+    lost: Vec<String>,
+    /// Not acknowledged (the answer was lost to a kill), yet committed.
+    recovered: usize,
+    unacked: usize,
+    /// Rows of events nobody sent.
+    unexpected: Vec<(Provider, String)>,
+}
+
+fn kill_damage(
+    events: &[Event],
+    acked: &[bool],
+    stored: &HashSet<(Provider, String)>,
+) -> Damage {
+    let ids: HashSet<(Provider, &str)> = events.iter().map(|e| (e.provider, e.id.as_str())).collect();
+    let present = |i: usize| stored.contains(&(events[i].provider, events[i].id.clone()));
+    Damage {
+        lost: (0..events.len())
+            .filter(|&i| acked[i] && !present(i))
+            .map(|i| events[i].id.clone())
+            .collect(),
+        recovered: (0..events.len())
+            .filter(|&i| !acked[i] && present(i))
+            .count(),
+        unacked: acked.iter().filter(|a| !**a).count(),
+        unexpected: stored
+            .iter()
+            .filter(|(p, id)| !ids.contains(&(*p, id.as_str())))
+            .cloned()
+            .collect(),
+    }
+}
+
+/// Every outbox row with a recipient ends `sent` (the others `skipped`: the Midtrans events carry
+/// no address). Their keys.
+fn sent_email_keys(db: &mut dyn Db) -> Vec<String> {
+    let rows = db.rows(
+        "SELECT idempotency_key, status, attempts FROM email_outbox
+         WHERE status <> 'skipped' OR recipient IS NOT NULL",
+    );
+    rows.iter()
+        .map(|row| {
+            let (key, status, attempts) = (text(&row[0]), text(&row[1]), int(&row[2]));
+            assert_eq!(
+                status, "sent",
+                "email {key} ended {status} after {attempts} attempts"
+            );
+            key
+        })
+        .collect()
+}
+
+/// The `.eml` file of the row `key`: whole (the MIME message ends with its closing boundary)
+/// and naming the key in its Message-ID.
+fn check_eml(path: &Path, key: &str) {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{} of a sent row: {e}", path.display()));
+    assert!(
+        text.contains(&format!("Message-ID: <{key}@")),
+        "{}",
+        path.display()
+    );
+    let boundary = text
+        .split("boundary=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("{} has no MIME boundary", path.display()));
+    assert!(
+        text.trim_end().ends_with(&format!("--{boundary}--")),
+        "{} is cut short",
+        path.display()
+    );
+}
+
+/// The `.eml` files in `mail` by the key they are named after (none if it does not exist).
+fn eml_files(mail: &Path) -> HashMap<String, PathBuf> {
+    let Ok(entries) = std::fs::read_dir(mail) else {
+        return HashMap::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            Some((name.strip_suffix(".eml")?.to_owned(), e.path()))
+        })
+        .collect()
+}
+
+/// Every outbox row with a recipient ends `sent`, and each sent row has its file, whole and
+/// naming the row's key (a kill between a file and its row's `sent` means the file is written
+/// again: the documented at-least-once resend). Returns how many were sent.
+fn check_emails(db: &mut dyn Db, mail: &Path) -> usize {
+    let keys = sent_email_keys(db);
+    for key in &keys {
+        check_eml(&mail.join(format!("{key}.eml")), key);
     }
     // No stray temporary file is left behind as if it were an email.
     let files = std::fs::read_dir(mail)
@@ -707,12 +1061,73 @@ fn check_emails(conn: &Connection, mail: &Path) -> usize {
         .filter_map(Result::ok)
         .filter(|e| e.file_name().to_string_lossy().ends_with(".eml"))
         .count();
-    assert_eq!(files, rows.len(), "one .eml file per row");
-    rows.len()
+    assert_eq!(files, keys.len(), "one .eml file per row");
+    keys.len()
 }
 
-fn stored_event_ids(db: &Path) -> HashSet<(Provider, String)> {
-    stored_event_ids_conn(&Connection::open(db).unwrap())
+struct Emails {
+    sent: usize,
+    /// `.eml` files in A's mail directory and in B's.
+    files: [usize; 2],
+    /// Keys with a file in both.
+    in_both: usize,
+}
+
+/// [`check_emails`] for two instances, A (killed at `deaths_of_a`) and B, each writing into its
+/// own mail directory: together they hold a whole file of every sent row, and nothing else. A
+/// row's email is in both only where the row was claimed again after a lease ran out, the file
+/// of the first claim left behind: A's copy written before a SIGKILL of A and B's after it, or
+/// a relay's log (`logs`) saying its lease on the row ran out before it recorded the result.
+/// Anything else is one email sent by two relays.
+fn check_emails_in_two_dirs(
+    db: &mut dyn Db,
+    mail: [&Path; 2],
+    deaths_of_a: &[SystemTime],
+    logs: &str,
+) -> Emails {
+    let keys = sent_email_keys(db);
+    let sent: HashSet<&str> = keys.iter().map(String::as_str).collect();
+    let files = mail.map(eml_files);
+    for file in files.iter().flat_map(HashMap::values) {
+        // No stray temporary file is left behind as if it were an email, nor anything else.
+        let key = file.file_stem().unwrap().to_string_lossy();
+        assert!(
+            sent.contains(key.as_ref()),
+            "{} is no sent row's email",
+            file.display()
+        );
+    }
+    let written = |path: &Path| std::fs::metadata(path).unwrap().modified().unwrap();
+    let mut in_both = 0;
+    for key in &keys {
+        let copies = [files[0].get(key), files[1].get(key)];
+        assert!(
+            copies.iter().any(Option::is_some),
+            "the sent row {key} has no .eml file in either mail directory"
+        );
+        for path in copies.iter().flatten() {
+            check_eml(path, key);
+        }
+        if let [Some(in_a), Some(in_b)] = copies {
+            in_both += 1;
+            let (at_a, at_b) = (written(in_a), written(in_b));
+            let a_died_between = deaths_of_a.iter().any(|d| at_a <= *d && *d <= at_b);
+            let lease_ran_out = logs
+                .lines()
+                .any(|line| line.contains(key.as_str()) && line.contains("lease ran out"));
+            assert!(
+                a_died_between || lease_ran_out,
+                "{key} was sent by both instances (A wrote it at {at_a:?}, B at {at_b:?}), with \
+                 no SIGKILL of A between the two and no relay whose lease on it ran out \
+                 (A died at {deaths_of_a:?})"
+            );
+        }
+    }
+    Emails {
+        sent: keys.len(),
+        files: [files[0].len(), files[1].len()],
+        in_both,
+    }
 }
 
 /// (order_id, from_status, to_status, refunded_amount, event_id)
@@ -724,14 +1139,9 @@ struct Report {
     outbox: usize,
 }
 
-fn check_invariants(conn: &Connection, events: &[Event], orders: &[ExpectedOrder]) -> Report {
-    let check: String = conn
-        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(check, "ok");
-
+fn check_invariants(db: &mut dyn Db, events: &[Event], orders: &[ExpectedOrder]) -> Report {
     // Exactly one row per event id (the primary key forbids more; none may be missing).
-    let stored = stored_event_ids_conn(conn);
+    let stored = stored_event_ids(db);
     assert_eq!(
         stored.len(),
         events.len(),
@@ -744,26 +1154,24 @@ fn check_invariants(conn: &Connection, events: &[Event], orders: &[ExpectedOrder
             event.id
         );
     }
-    let parked: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM processed_events WHERE outcome = 'parked'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let parked = count(
+        db,
+        "SELECT count(*) FROM processed_events WHERE outcome = 'parked'",
+    );
     assert_eq!(parked, 0, "every parked event found its order");
 
     // Final state equals in-order processing.
+    let stored_orders: HashMap<String, (String, i64)> = db
+        .rows("SELECT order_id, status, refunded_amount FROM orders")
+        .iter()
+        .map(|row| (text(&row[0]), (text(&row[1]), int(&row[2]))))
+        .collect();
     for order in orders {
-        let (status, refunded): (String, i64) = conn
-            .query_row(
-                "SELECT status, refunded_amount FROM orders WHERE order_id = ?1",
-                [&order.id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .unwrap_or_else(|e| panic!("order {}: {e}", order.id));
+        let (status, refunded) = stored_orders
+            .get(&order.id)
+            .unwrap_or_else(|| panic!("order {}: no row", order.id));
         assert_eq!(
-            (status.as_str(), refunded),
+            (status.as_str(), *refunded),
             (order.status, order.refunded),
             "order {}",
             order.id
@@ -771,15 +1179,21 @@ fn check_invariants(conn: &Connection, events: &[Event], orders: &[ExpectedOrder
     }
 
     // Transitions form one chain per order, ending in the order's status.
-    let mut stmt = conn
-        .prepare("SELECT order_id, from_status, to_status, refunded_amount, event_id FROM order_transitions ORDER BY order_id, id")
-        .unwrap();
-    let transitions: Vec<Transition> = stmt
-        .query_map([], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    let transitions: Vec<Transition> = db
+        .rows(
+            "SELECT order_id, from_status, to_status, refunded_amount, event_id
+             FROM order_transitions ORDER BY order_id, id",
+        )
+        .iter()
+        .map(|r| {
+            (
+                text(&r[0]),
+                r[1].clone(),
+                text(&r[2]),
+                int(&r[3]),
+                text(&r[4]),
+            )
         })
-        .unwrap()
-        .map(Result::unwrap)
         .collect();
     let mut by_order: HashMap<&str, Vec<&Transition>> = HashMap::new();
     for t in &transitions {
@@ -818,17 +1232,18 @@ fn check_invariants(conn: &Connection, events: &[Event], orders: &[ExpectedOrder
 
     // The emails follow the money, one per change of it: a receipt once the order held money,
     // one refund notice per total given back (rising to the order's refunded amount), and a
-    // payment-failed notice when the order failed; nothing else, and nothing twice.
-    let mut stmt = conn
-        .prepare(
-            "SELECT order_id, template, json_extract(params, '$.refunded_amount')
-             FROM email_outbox ORDER BY id",
-        )
-        .unwrap();
-    let outbox: Vec<(String, String, i64)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .map(Result::unwrap)
+    // payment-failed notice when the order failed; nothing else, and nothing twice. (The
+    // params are JSON text on both engines, read here rather than with an engine's function.)
+    let outbox: Vec<(String, String, i64)> = db
+        .rows("SELECT order_id, template, params FROM email_outbox ORDER BY id")
+        .iter()
+        .map(|r| {
+            let params: serde_json::Value = serde_json::from_str(&text(&r[2])).unwrap();
+            let refunded = params["refunded_amount"]
+                .as_i64()
+                .unwrap_or_else(|| panic!("params without refunded_amount: {params}"));
+            (text(&r[0]), text(&r[1]), refunded)
+        })
         .collect();
     for order in orders {
         let of_order: Vec<&(String, String, i64)> =
@@ -878,20 +1293,16 @@ fn check_invariants(conn: &Connection, events: &[Event], orders: &[ExpectedOrder
     }
 }
 
-fn stored_event_ids_conn(conn: &Connection) -> HashSet<(Provider, String)> {
-    let mut stmt = conn
-        .prepare("SELECT provider, event_id FROM processed_events")
-        .unwrap();
-    stmt.query_map([], |r| {
-        let provider: String = r.get(0)?;
-        let provider = if provider == "stripe" {
-            Provider::Stripe
-        } else {
-            Provider::Midtrans
-        };
-        Ok((provider, r.get::<_, String>(1)?))
-    })
-    .unwrap()
-    .map(Result::unwrap)
-    .collect()
+fn stored_event_ids(db: &mut dyn Db) -> HashSet<(Provider, String)> {
+    db.rows("SELECT provider, event_id FROM processed_events")
+        .iter()
+        .map(|row| {
+            let provider = if text(&row[0]) == "stripe" {
+                Provider::Stripe
+            } else {
+                Provider::Midtrans
+            };
+            (provider, text(&row[1]))
+        })
+        .collect()
 }

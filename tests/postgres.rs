@@ -23,9 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 #[path = "api/helpers.rs"]
 mod helpers;
 
-#[path = "support/postgres.rs"]
-mod pg_cluster;
-
+use helpers::pg_cluster;
 use helpers::ServeProcess;
 use pg_cluster::Cluster;
 
@@ -489,4 +487,155 @@ fn copy_moves_a_shop_from_sqlite_to_postgres_and_back_with_every_row() {
         String::from_utf8_lossy(&copied.stderr)
     );
     assert_eq!(listing(back), listing(&url));
+}
+
+#[test]
+fn a_failover_to_the_synchronous_standby_loses_no_acknowledged_delivery() {
+    // A primary and its synchronous standby of their own: the primary is killed.
+    let Some(primary) = shared_cluster().and_then(|_| Cluster::start_primary()) else {
+        return;
+    };
+    // Before the standby exists, so that its base backup holds the database.
+    primary.create_database("shop");
+    let standby = primary.start_standby();
+    let url = Cluster::multi_host_url(&primary, &standby, "shop");
+    let server = serve(&url, &["--no-relay"]);
+    let bodies = helpers::distinct_succeeded_bodies("failover", 100_000);
+    let stop = AtomicBool::new(false);
+    let acknowledged = Mutex::new(Vec::new());
+    let refused = Mutex::new(Vec::new());
+    // Answers other than 200 `processed` and 503: each fails the test.
+    let wrong = Mutex::new(Vec::new());
+    let after_promotion = AtomicUsize::new(0);
+    let promoted = AtomicBool::new(false);
+    let sent = AtomicUsize::new(0);
+    let started = std::time::Instant::now();
+    let mut switch = Duration::ZERO;
+    let mut back = None;
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                let agent = agent();
+                while !stop.load(Ordering::Relaxed) {
+                    let i = sent.fetch_add(1, Ordering::Relaxed);
+                    let Some(body) = bodies.get(i) else { return };
+                    // sekali stays up through the switch: a provider only ever sees it answer.
+                    match deliver(&agent, server.port, body) {
+                        (200, outcome) if outcome == "processed" => {
+                            acknowledged.lock().unwrap().push(i);
+                            if promoted.load(Ordering::Relaxed) {
+                                after_promotion.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        (503, _) => refused.lock().unwrap().push(i),
+                        (status, outcome) => {
+                            let answer = format!("event {i}: {status} {outcome}");
+                            wrong.lock().unwrap().push(answer);
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let killed = std::time::Instant::now();
+        primary.kill_postmaster();
+        standby.promote();
+        switch = killed.elapsed();
+        promoted.store(true, Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+            if after_promotion.load(Ordering::Relaxed) >= 200 {
+                back = Some(killed.elapsed());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let wrong = wrong.into_inner().unwrap();
+    assert!(
+        wrong.is_empty(),
+        "answers other than 200 and 503: {wrong:?}\n{}",
+        server.logs_so_far()
+    );
+    let Some(back) = back else {
+        panic!(
+            "fewer than 200 deliveries acknowledged within 30 s of the promotion ({}): sekali \
+             did not reconnect to the promoted standby\n{}",
+            after_promotion.load(Ordering::Relaxed),
+            server.logs_so_far()
+        );
+    };
+    let acknowledged = acknowledged.into_inner().unwrap();
+    let refused = refused.into_inner().unwrap();
+    assert!(
+        !refused.is_empty(),
+        "no delivery met the failover: {} acknowledged",
+        acknowledged.len()
+    );
+
+    // Every acknowledged event is on the promoted standby: the synchronous standby had flushed
+    // each commit before the primary answered it.
+    let event_id = |i: usize| format!("evt_failover_{i:02}");
+    let stored: std::collections::HashSet<String> = standby
+        .psql("shop", "SELECT event_id FROM processed_events")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let lost: Vec<String> = acknowledged
+        .iter()
+        .map(|&i| event_id(i))
+        .filter(|id| !stored.contains(id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged deliveries lost in the failover: {:?}",
+        lost.len(),
+        acknowledged.len(),
+        &lost[..lost.len().min(20)]
+    );
+
+    // Each refused one, sent again, is answered: processed now, or a duplicate of a COMMIT
+    // that reached the standby before the primary died (its answer lost with the connection).
+    let agent = agent();
+    let mut recovered = 0;
+    for &i in &refused {
+        let (status, outcome) = deliver(&agent, server.port, &bodies[i]);
+        assert_eq!(status, 200, "event {i}: {outcome}");
+        match outcome.as_str() {
+            "duplicate" => recovered += 1,
+            "processed" => {}
+            other => panic!("event {i}: 200 {other}"),
+        }
+    }
+    // Nothing applied twice, nothing else applied: each event is a distinct order's payment.
+    let events = (acknowledged.len() + refused.len()) as i64;
+    let rows = |sql: &str| count(&standby, "shop", sql);
+    assert_eq!(rows("SELECT count(*) FROM processed_events"), events);
+    assert_eq!(
+        rows("SELECT count(*) FROM orders WHERE status = 'paid'"),
+        events
+    );
+    assert_eq!(
+        rows("SELECT count(*) FROM order_transitions"),
+        events,
+        "one change per order"
+    );
+    assert_eq!(
+        rows("SELECT count(DISTINCT order_id) FROM order_transitions"),
+        events
+    );
+    eprintln!(
+        "failover under load: {} acknowledged, {} answered 503 ({recovered} of them had \
+         committed); primary killed and standby promoted in {} ms, 200 acknowledged after the \
+         promotion {} ms after the kill; {} ms in all",
+        acknowledged.len(),
+        refused.len(),
+        switch.as_millis(),
+        back.as_millis(),
+        started.elapsed().as_millis()
+    );
+    let (status, logs) = server.stop();
+    assert!(status.success(), "{logs}");
 }

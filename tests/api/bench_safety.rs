@@ -8,7 +8,6 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
 
 use crate::helpers::*;
@@ -48,8 +47,7 @@ fn stderr(output: &Output) -> String {
 }
 
 /// Every row of every table sekali writes, as text, by table: what a run must leave as it was.
-fn database_rows(db: &Path) -> BTreeMap<&'static str, Vec<String>> {
-    let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+fn database_rows(db: &Database) -> BTreeMap<&'static str, Vec<String>> {
     let mut tables = BTreeMap::new();
     for (table, order) in [
         ("processed_events", "provider, event_id"),
@@ -62,20 +60,8 @@ fn database_rows(db: &Path) -> BTreeMap<&'static str, Vec<String>> {
         ("email_outbox", "id"),
         ("idempotency_keys", "client, key"),
     ] {
-        let mut statement = conn
-            .prepare(&format!("SELECT * FROM {table} ORDER BY {order}"))
-            .unwrap();
-        let columns = statement.column_count();
-        let rows = statement
-            .query_map([], |row| {
-                (0..columns)
-                    .map(|i| row.get::<_, rusqlite::types::Value>(i))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map(|values| format!("{values:?}"))
-            })
-            .unwrap()
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap();
+        let rows = db.query(&format!("SELECT * FROM {table} ORDER BY {order}"));
+        let rows = rows.iter().map(|values| format!("{values:?}")).collect();
         tables.insert(table, rows);
     }
     tables
@@ -95,13 +81,6 @@ fn files(dir: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn count(db: &Path, sql: &str) -> i64 {
-    Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .unwrap()
-        .query_row(sql, [], |row| row.get(0))
-        .unwrap()
-}
-
 /// Fails on the version that sent its thousands of paid orders into any database: a user who
 /// pointed bench at the shop's server (and named its database) got them beside the real ones.
 #[actix_web::test]
@@ -113,9 +92,9 @@ async fn bench_refuses_a_database_with_real_orders_without_force_and_sends_nothi
             .outcome(),
         "processed"
     );
-    let before = database_rows(&app.db_path);
+    let before = database_rows(&app.database);
     let url = format!("{}/webhooks/stripe", app.address);
-    let db = app.db_path.display().to_string();
+    let db = app.db_arg();
     let args = |extra: &[&str]| {
         [
             &["--events", "40", "--concurrency", "2", "--check-db", &db],
@@ -140,7 +119,7 @@ async fn bench_refuses_a_database_with_real_orders_without_force_and_sends_nothi
     ] {
         assert!(message.contains(words), "{words:?} missing from: {message}");
     }
-    assert_eq!(database_rows(&app.db_path), before, "nothing was sent");
+    assert_eq!(database_rows(&app.database), before, "nothing was sent");
 
     let forced = bench_in_process(url, args(&["--force"])).await;
     assert!(forced.status.success(), "{forced:?}");
@@ -158,7 +137,7 @@ async fn bench_refuses_a_database_with_real_orders_without_force_and_sends_nothi
 async fn bench_sends_into_a_database_of_earlier_runs_without_force() {
     let app = spawn_app().await;
     let url = format!("{}/webhooks/stripe", app.address);
-    let db = app.db_path.display().to_string();
+    let db = app.db_arg();
     for _ in 0..2 {
         let args = ["--events", "20", "--concurrency", "2", "--check-db", &db];
         let output = bench_in_process(url.clone(), args.map(str::to_owned).to_vec()).await;
@@ -218,7 +197,7 @@ fn wait_for_file(path: &Path) {
 #[test]
 fn bench_cleanup_leaves_nothing_of_the_run_and_the_real_order_and_its_email_untouched() {
     let server = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "warn");
-    let db = server.db_path();
+    let db = server.db();
     let mail = server.mail_dir();
     let body = fixture("stripe/payment_intent.succeeded.json");
     let header = stripe_header(&body, sekali::clock::SystemClock.now_unix());
@@ -228,26 +207,18 @@ fn bench_cleanup_leaves_nothing_of_the_run_and_the_real_order_and_its_email_unto
         .send_bytes(&body)
         .unwrap();
     assert_eq!(answer.status(), 200);
-    let key: String = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .unwrap()
-        .query_row(
-            "SELECT idempotency_key FROM email_outbox WHERE order_id = 'ord_1001'",
-            [],
-            |row| row.get(0),
-        )
-        .unwrap();
+    let key = db.texts("SELECT idempotency_key FROM email_outbox WHERE order_id = 'ord_1001'");
+    let [key] = &key[..] else {
+        panic!("one receipt: {key:?}")
+    };
     wait_for_file(&mail.join(format!("{key}.eml")));
     // Its row is marked sent once the file is durable.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while count(
-        &db,
-        "SELECT count(*) FROM email_outbox WHERE status = 'sent'",
-    ) < 1
-    {
+    while db.count("SELECT count(*) FROM email_outbox WHERE status = 'sent'") < 1 {
         assert!(Instant::now() < deadline, "the real receipt was never sent");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let rows_before = database_rows(&db);
+    let rows_before = database_rows(db);
     let files_before = files(&mail);
     assert_eq!(files_before.len(), 1, "{:?}", files_before.keys());
 
@@ -261,7 +232,7 @@ fn bench_cleanup_leaves_nothing_of_the_run_and_the_real_order_and_its_email_unto
             "--concurrency",
             "8",
             "--check-db",
-            db.to_str().unwrap(),
+            &db.arg(),
             "--force",
             "--cleanup",
             "--mail-dir",
@@ -289,7 +260,7 @@ fn bench_cleanup_leaves_nothing_of_the_run_and_the_real_order_and_its_email_unto
 
     // A relay still at work would write a file after the cleanup: give it the time to.
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(database_rows(&db), rows_before);
+    assert_eq!(database_rows(db), rows_before);
     assert_eq!(files(&mail), files_before);
     let (status, logs) = server.stop();
     assert!(status.success(), "{logs}");
@@ -341,7 +312,7 @@ fn bench_cleanup_waits_for_the_relay_to_finish_the_runs_emails_it_holds() {
         ],
         "warn",
     );
-    let db = server.db_path();
+    let db = server.db();
     let output = bench(
         &format!("{}/webhooks/stripe", server.base_url()),
         &[
@@ -354,7 +325,7 @@ fn bench_cleanup_waits_for_the_relay_to_finish_the_runs_emails_it_holds() {
             "--concurrency",
             "2",
             "--check-db",
-            db.to_str().unwrap(),
+            &db.arg(),
             "--cleanup",
         ],
     );
@@ -376,7 +347,7 @@ fn bench_cleanup_waits_for_the_relay_to_finish_the_runs_emails_it_holds() {
         "order_transitions",
     ] {
         assert_eq!(
-            count(&db, &format!("SELECT count(*) FROM {table}")),
+            db.count(&format!("SELECT count(*) FROM {table}")),
             0,
             "{table}"
         );

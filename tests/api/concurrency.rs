@@ -55,11 +55,12 @@ async fn concurrent_deliveries_of_different_events_are_all_recorded() {
 #[actix_web::test]
 async fn two_servers_on_one_database_file_apply_each_event_once_between_them() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("shared.db");
-    // Two processes, each with its own writer; SQLite's write lock orders their transactions.
+    let db = Database::fresh(dir.path().join("shared.db"));
+    // Two processes, each with its own writer; SQLite's write lock orders their transactions,
+    // PostgreSQL's unique key on the claim does.
     let start = || {
         ServeProcess::start_on(
-            Some(&db),
+            Some(db.path()),
             &[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)],
             "warn",
             &["--no-relay"],
@@ -95,16 +96,13 @@ async fn two_servers_on_one_database_file_apply_each_event_once_between_them() {
         assert_eq!(outcomes, ["duplicate", "processed"], "{pair:?}");
     }
     drop(servers);
-    let conn = rusqlite::Connection::open(&db).unwrap();
     for table in [
         "processed_events",
         "orders",
         "order_transitions",
         "email_outbox",
     ] {
-        let rows: i64 = conn
-            .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
-            .unwrap();
+        let rows = db.count(&format!("SELECT count(*) FROM {table}"));
         assert_eq!(rows, 100, "{table}");
     }
 }

@@ -1,5 +1,6 @@
 //! Faults of the environment (disk full, a lock held by another process) and operations that
-//! must be safe under load (backup), against the real server and SQLite file.
+//! must be safe under load (backup), against the real server and its database. The faults are
+//! those of a SQLite file, and skipped on PostgreSQL; the backup runs on both engines.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -21,6 +22,10 @@ fn succeeded_body(n: usize) -> Vec<u8> {
 
 #[actix_web::test]
 async fn a_full_disk_answers_503_writes_nothing_half_and_recovers_when_space_returns() {
+    // The disk fills through SQLite's max_page_count, a cap on the file's pages.
+    if sqlite_only("a full SQLite file (max_page_count)") {
+        return;
+    }
     let app = spawn_app_with(|s| {
         s.max_page_count = Some(120); // 480 KB with 4 KB pages: full after a few dozen events
         s.purge_interval = Duration::from_millis(100);
@@ -47,7 +52,11 @@ async fn a_full_disk_answers_503_writes_nothing_half_and_recovers_when_space_ret
         refused.len()
     );
 
-    let conn = app.db();
+    let conn = rusqlite::Connection::open_with_flags(
+        app.database.file(),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
     let stored: i64 = conn
         .query_row("SELECT count(*) FROM processed_events", [], |r| r.get(0))
         .unwrap();
@@ -135,8 +144,12 @@ impl Sqlite3Shell {
 
 #[actix_web::test]
 async fn a_sqlite3_shell_holding_the_write_lock_gets_deliveries_a_503_never_a_false_2xx() {
+    // The lock is SQLite's file lock, and busy_timeout SQLite's wait for it.
+    if sqlite_only("the sqlite3 shell holding the SQLite file's write lock") {
+        return;
+    }
     let app = spawn_app_with(|s| s.busy_timeout = Duration::from_millis(300)).await;
-    let db_path = app.db_path.clone();
+    let db_path = app.database.file().to_owned();
     let shell =
         actix_web::rt::task::spawn_blocking(move || Sqlite3Shell::begin_immediate(&db_path))
             .await
@@ -173,7 +186,7 @@ async fn a_backup_taken_while_deliveries_continue_is_whole_and_holds_the_dedup_r
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("copy.db");
-    let (db, out_path) = (app.db_path.clone(), out.clone());
+    let (db, out_path) = (app.db_arg(), out.clone());
     let backup = actix_web::rt::task::spawn_blocking(move || {
         Command::new(sekali_bin())
             .args(["backup", "--db"])
@@ -218,7 +231,7 @@ async fn a_backup_taken_while_deliveries_continue_is_whole_and_holds_the_dedup_r
 
     let again = Command::new(sekali_bin())
         .args(["backup", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .arg(&out)
         .output()
         .unwrap();
@@ -228,7 +241,7 @@ async fn a_backup_taken_while_deliveries_continue_is_whole_and_holds_the_dedup_r
     let nowhere = dir.path().join("missing").join("copy.db");
     let refused = Command::new(sekali_bin())
         .args(["backup", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .arg(&nowhere)
         .output()
         .unwrap();
@@ -282,6 +295,10 @@ fn is_root() -> bool {
 
 #[actix_web::test]
 async fn a_database_file_sekali_cannot_write_is_refused_at_start_not_answered_503_forever() {
+    // A file's permissions (or chattr +i): a PostgreSQL server's files are not sekali's.
+    if sqlite_only("a SQLite file sekali cannot write") {
+        return;
+    }
     let app = spawn_app().await;
     assert_eq!(
         app.deliver_stripe("payment_intent.succeeded")
@@ -290,11 +307,12 @@ async fn a_database_file_sekali_cannot_write_is_refused_at_start_not_answered_50
         "processed"
     );
     app.stop().await;
-    let _unwritable = Unwritable::set(&app.db_path);
+    let db_path = app.database.file();
+    let _unwritable = Unwritable::set(db_path);
 
     let mut serve = Command::new(sekali_bin())
         .args(["serve", "--no-relay", "--listen", "127.0.0.1:0", "--db"])
-        .arg(&app.db_path)
+        .arg(db_path)
         .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
@@ -328,14 +346,14 @@ async fn a_database_file_sekali_cannot_write_is_refused_at_start_not_answered_50
     // The maintenance commands that write say the same; the one that only reads still works.
     let purge = Command::new(sekali_bin())
         .args(["purge", "--db"])
-        .arg(&app.db_path)
+        .arg(db_path)
         .output()
         .unwrap();
     assert!(!purge.status.success());
     assert!(String::from_utf8_lossy(&purge.stderr).contains("can only be opened read-only"));
     let list = Command::new(sekali_bin())
         .args(["events", "list", "--db"])
-        .arg(&app.db_path)
+        .arg(db_path)
         .output()
         .unwrap();
     assert!(list.status.success(), "{list:?}");
@@ -474,6 +492,10 @@ fn at_the_default_level_a_rejection_names_its_provider_and_a_success_logs_nothin
 /// given, and nothing about why.
 #[test]
 fn a_database_that_cannot_be_created_is_named_by_its_absolute_path_with_the_reason() {
+    // The directory of a SQLite file, as the test names it (it starts no server of the switch).
+    if sqlite_only("a SQLite file in a missing or unwritable directory") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let serve = |db: &str| {
         let output = Command::new(sekali_bin())

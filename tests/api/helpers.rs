@@ -1,5 +1,5 @@
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
@@ -9,8 +9,324 @@ use sekali::clock::{ManualClock, SystemClock};
 use sekali::config::Settings;
 use sekali::providers::{midtrans, stripe, ProviderSettings, Providers};
 use sekali::startup::Application;
+use sekali::store::Location;
 use serde_json::Value;
 use tempfile::TempDir;
+
+// Here rather than in each test binary's root: every binary that includes this file gets the
+// cluster it needs for SEKALI_TEST_ENGINE=postgres.
+#[path = "../support/postgres.rs"]
+pub mod pg_cluster;
+
+/// The engine the tests' servers run on: `SEKALI_TEST_ENGINE`, `sqlite` (the default) or
+/// `postgres`. The same tests run on either (.ci/test runs both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+/// The engine `SEKALI_TEST_ENGINE` names; panics on any other value, so that a typo does not
+/// quietly run the SQLite half again.
+pub fn engine() -> Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    *ENGINE.get_or_init(|| match std::env::var("SEKALI_TEST_ENGINE").as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("" | "sqlite") => Engine::Sqlite,
+        Ok("postgres") => Engine::Postgres,
+        other => panic!("SEKALI_TEST_ENGINE={other:?}: expected sqlite (the default) or postgres"),
+    })
+}
+
+/// Whether a test about the SQLite file itself (its locks, its pages, its older versions) is
+/// to be skipped: true, after printing `skipped on postgres: WHY`, when the tests run on
+/// PostgreSQL. Such a test returns at once.
+pub fn sqlite_only(why: &str) -> bool {
+    let skip = engine() == Engine::Postgres;
+    if skip {
+        println!("skipped on postgres: {why}");
+    }
+    skip
+}
+
+/// The PostgreSQL cluster of this test process, asked for by `SEKALI_TEST_ENGINE=postgres`:
+/// without PostgreSQL installed that is an error, not a skip.
+fn cluster() -> &'static pg_cluster::Cluster {
+    pg_cluster::shared().unwrap_or_else(|| {
+        panic!(
+            "SEKALI_TEST_ENGINE=postgres, but PostgreSQL is not installed: {}",
+            pg_cluster::skip_note()
+        )
+    })
+}
+
+/// A test server's database, on the engine the tests run on: a SQLite file, or a database of
+/// the private PostgreSQL cluster (by its URL). What the tests read of it goes through
+/// [`Database::query`], in SQL both engines accept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Database {
+    File(PathBuf),
+    Server(String),
+}
+
+/// The rows of a query: every value as text (an integer in decimal), NULL as `None`.
+pub type Rows = Vec<Vec<Option<String>>>;
+
+impl Database {
+    /// A new database of the engine the tests run on: the SQLite file `file` (which the server
+    /// creates), or a fresh, empty database of the PostgreSQL cluster.
+    pub fn fresh(file: PathBuf) -> Database {
+        match engine() {
+            Engine::Sqlite => Database::File(file),
+            Engine::Postgres => {
+                let cluster = cluster();
+                Database::Server(cluster.url(&cluster.fresh_database()))
+            }
+        }
+    }
+
+    /// A database that does not exist, of the engine the tests run on: the file `file` (not
+    /// created), or a database of the PostgreSQL cluster that nothing creates.
+    pub fn missing(file: PathBuf) -> Database {
+        match engine() {
+            Engine::Sqlite => Database::File(file),
+            Engine::Postgres => {
+                let cluster = cluster();
+                Database::Server(cluster.url(&format!("never_{}", cluster.fresh_database())))
+            }
+        }
+    }
+
+    /// What `--db path` names: a PostgreSQL URL is a server, anything else a file.
+    pub fn from_path(path: &Path) -> Database {
+        Database::from(&Location::from(path.to_path_buf()))
+    }
+
+    pub fn location(&self) -> Location {
+        match self {
+            Database::File(path) => Location::File(path.clone()),
+            Database::Server(url) => Location::Server(url.clone()),
+        }
+    }
+
+    /// The value of `--db`: the file's path or the URL.
+    pub fn arg(&self) -> String {
+        match self {
+            Database::File(path) => path.to_str().expect("a UTF-8 temp path").to_owned(),
+            Database::Server(url) => url.clone(),
+        }
+    }
+
+    /// The file, or the URL as a path: what `--db` and [`ServeProcess::start_on`] take.
+    pub fn path(&self) -> &Path {
+        match self {
+            Database::File(path) => path,
+            Database::Server(url) => Path::new(url),
+        }
+    }
+
+    /// The SQLite file; panics on PostgreSQL (the test should have been [`sqlite_only`]).
+    pub fn file(&self) -> &Path {
+        match self {
+            Database::File(path) => path,
+            Database::Server(url) => {
+                panic!("{url} is no SQLite file: a test of the file itself is sqlite_only()")
+            }
+        }
+    }
+
+    /// Runs `sql`, one read-only statement (no parameters: literals, quoted with [`sql_text`]).
+    pub fn query(&self, sql: &str) -> Rows {
+        match self {
+            Database::File(path) => {
+                let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+                    .and_then(|conn| conn.busy_timeout(Duration::from_secs(5)).map(|()| conn))
+                    .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+                let mut statement = conn.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+                let columns = statement.column_count();
+                let rows = statement.query_map([], |row| {
+                    (0..columns)
+                        .map(|i| {
+                            use rusqlite::types::ValueRef;
+                            Ok(match row.get_ref(i)? {
+                                ValueRef::Null => None,
+                                ValueRef::Integer(n) => Some(n.to_string()),
+                                ValueRef::Real(x) => Some(x.to_string()),
+                                ValueRef::Text(t) | ValueRef::Blob(t) => {
+                                    Some(String::from_utf8_lossy(t).into_owned())
+                                }
+                            })
+                        })
+                        .collect()
+                });
+                let rows = rows.and_then(Iterator::collect);
+                rows.unwrap_or_else(|e| panic!("{sql}: {e}"))
+            }
+            Database::Server(url) => {
+                let owned = sql.to_owned();
+                let messages = on_server(url, move |client| client.simple_query(&owned));
+                let messages = messages.unwrap_or_else(|e| panic!("{sql}: {e}"));
+                messages
+                    .into_iter()
+                    .filter_map(|message| match message {
+                        postgres::SimpleQueryMessage::Row(row) => Some(
+                            (0..row.len())
+                                .map(|i| row.get(i).map(str::to_owned))
+                                .collect(),
+                        ),
+                        _ => None,
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Runs `sql`, statements separated by `;`, writing: for a test that puts a row in place
+    /// itself, as an operator with sqlite3 or psql would.
+    pub fn execute(&self, sql: &str) {
+        match self {
+            Database::File(path) => Connection::open(path)
+                .and_then(|conn| {
+                    conn.busy_timeout(Duration::from_secs(5))?;
+                    conn.execute_batch(sql)
+                })
+                .unwrap_or_else(|e| panic!("{sql}: {e}")),
+            Database::Server(url) => {
+                let owned = sql.to_owned();
+                on_server(url, move |client| client.batch_execute(&owned))
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            }
+        }
+    }
+
+    /// Whether nothing was created here: no SQLite file, or no table in the PostgreSQL database.
+    pub fn is_untouched(&self) -> bool {
+        match self {
+            Database::File(path) => !path.exists(),
+            Database::Server(_) => {
+                self.count("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == 0
+            }
+        }
+    }
+
+    /// The first column of the one row `sql` returns, a number (`count(*)`, `max(id)`).
+    pub fn count(&self, sql: &str) -> i64 {
+        let rows = self.query(sql);
+        assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
+        let value = rows[0][0].as_deref();
+        let value = value.unwrap_or_else(|| panic!("{sql}: NULL"));
+        value
+            .parse()
+            .unwrap_or_else(|e| panic!("{sql}: {value:?}: {e}"))
+    }
+
+    /// The first column of every row `sql` returns, as text (none NULL).
+    pub fn texts(&self, sql: &str) -> Vec<String> {
+        let rows = self.query(sql).into_iter();
+        rows.map(|row| {
+            row.into_iter()
+                .next()
+                .flatten()
+                .unwrap_or_else(|| panic!("{sql}: NULL"))
+        })
+        .collect()
+    }
+}
+
+impl From<&Location> for Database {
+    fn from(location: &Location) -> Self {
+        match location {
+            Location::File(path) => Database::File(path.clone()),
+            Location::Server(url) => Database::Server(url.clone()),
+        }
+    }
+}
+
+/// A job for the connection thread of a database: runs on the thread, given its client.
+type PgJob = Box<dyn FnOnce(&mut PgConnection) + Send>;
+
+/// One database's client, on the thread that owns it, connected on first use.
+struct PgConnection {
+    url: String,
+    client: Option<postgres::Client>,
+}
+
+/// The connection thread of each database in use, by URL. Senders are taken and used only under
+/// this lock, so a thread that finds its queue empty under it can leave with no job lost.
+static PG_THREADS: std::sync::Mutex<Vec<(String, std::sync::mpsc::Sender<PgJob>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// How long a connection thread waits for a job before it closes its connection and exits: a
+/// test's queries come close together, and a finished test's connection is soon closed.
+const PG_IDLE: Duration = Duration::from_secs(2);
+
+/// Runs `work` on a client connected to `url`, on a thread that keeps the connection between
+/// queries: the `postgres` crate's blocking client panics when it is used, or dropped, on a
+/// thread inside a tokio runtime, and the tests run inside actix's, so the client lives on a
+/// plain thread of its own, one per database in use, and is dropped there. (A connection per
+/// query costs about 4 ms, which the ledger model's thousands of queries would pay.)
+fn on_server<T: Send + 'static>(
+    url: &str,
+    work: impl FnOnce(&mut postgres::Client) -> Result<T, postgres::Error> + Send + 'static,
+) -> Result<T, String> {
+    let (answer, answered) = std::sync::mpsc::channel();
+    let job: PgJob = Box::new(move |connection: &mut PgConnection| {
+        let result = match connection.client.as_mut() {
+            Some(client) => Ok(client),
+            None => postgres::Client::connect(&connection.url, postgres::NoTls)
+                .map(|client| connection.client.insert(client)),
+        };
+        let result = result.and_then(work);
+        if connection
+            .client
+            .as_ref()
+            .is_some_and(postgres::Client::is_closed)
+        {
+            connection.client = None; // connect again for the next job
+        }
+        let _ = answer.send(result.map_err(|e| e.to_string()));
+    });
+    {
+        let mut threads = PG_THREADS.lock().unwrap();
+        let known = threads.iter().find(|(u, _)| u == url);
+        let sender = match known {
+            Some((_, sender)) => sender.clone(),
+            None => {
+                let sender = pg_connection_thread(url.to_owned());
+                threads.push((url.to_owned(), sender.clone()));
+                sender
+            }
+        };
+        sender.send(job).expect("the connection thread takes jobs");
+    }
+    answered.recv().expect("the connection thread answers")
+}
+
+/// Starts the connection thread of `url`; its sender (which the caller registers).
+fn pg_connection_thread(url: String) -> std::sync::mpsc::Sender<PgJob> {
+    let (sender, jobs) = std::sync::mpsc::channel::<PgJob>();
+    let mut connection = PgConnection { url, client: None };
+    std::thread::spawn(move || loop {
+        match jobs.recv_timeout(PG_IDLE) {
+            Ok(job) => job(&mut connection),
+            Err(_) => {
+                let mut threads = PG_THREADS.lock().unwrap();
+                if let Ok(job) = jobs.try_recv() {
+                    drop(threads);
+                    job(&mut connection);
+                    continue;
+                }
+                threads.retain(|(u, _)| *u != connection.url);
+                return; // the client is dropped here, on this thread
+            }
+        }
+    });
+    sender
+}
+
+/// `text` as an SQL string literal, the same on both engines.
+pub fn sql_text(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
 
 pub const STRIPE_SECRET: &str = "whsec_test_c2VrYWxpLXRlc3Qtc2VjcmV0LW9uZQ";
 pub const STRIPE_SECRET_NEXT: &str = "whsec_test_c2VrYWxpLXRlc3Qtc2VjcmV0LXR3bw";
@@ -25,7 +341,8 @@ pub const NO_MATCH: &str = "no signature matches any configured secret. The sign
 pub struct TestApp {
     pub address: String,
     pub port: u16,
-    pub db_path: PathBuf,
+    /// The server's database, on the engine the tests run on (see [`engine`]).
+    pub database: Database,
     pub clock: Arc<ManualClock>,
     pub client: awc::Client,
     /// The server's store, for a relay that writes through it as the one inside `serve` does.
@@ -75,17 +392,14 @@ pub async fn spawn_app() -> TestApp {
 /// Like [`spawn_app`], with settings adjusted by `adjust` before the server is built.
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let dir = tempfile::tempdir().expect("temp dir");
-    let db_path = dir.path().join("sekali.db");
-    let mut settings = Settings::new("127.0.0.1:0", db_path, providers_with(&[]));
+    let database = Database::fresh(dir.path().join("sekali.db"));
+    let mut settings = Settings::new("127.0.0.1:0", database.location(), providers_with(&[]));
     settings.workers = 2;
     settings.handle_signals = false;
     settings.shutdown_timeout = Duration::from_secs(5);
     adjust(&mut settings);
-    let db_path = settings
-        .db
-        .file()
-        .expect("the tests' server runs on a SQLite file")
-        .to_path_buf();
+    // `adjust` may have named a database of its own (an older SQLite file).
+    let database = Database::from(&settings.db);
     let clock = ManualClock::new(SystemClock.now_unix());
     let app = Application::build(settings, clock.clone()).expect("the app builds");
     let port = app.port();
@@ -95,7 +409,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     TestApp {
         address: format!("http://127.0.0.1:{port}"),
         port,
-        db_path,
+        database,
         clock,
         client: awc::Client::builder()
             .timeout(Duration::from_secs(30))
@@ -203,19 +517,38 @@ impl TestApp {
         self.post("/webhooks/midtrans", body, &[]).await
     }
 
-    /// A read-only connection to the server's database file.
-    pub fn db(&self) -> Connection {
-        Connection::open_with_flags(&self.db_path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .expect("open db")
+    /// The test's temporary directory (the SQLite file's, on SQLite), for files of its own.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    /// The server's database as `--db` takes it: the file's path or the PostgreSQL URL.
+    pub fn db_arg(&self) -> String {
+        self.database.arg()
+    }
+
+    /// Runs the read-only `sql` on the server's database, whichever the engine (see
+    /// [`Database::query`]).
+    pub fn query(&self, sql: &str) -> Rows {
+        self.database.query(sql)
     }
 
     pub fn count(&self, sql: &str) -> i64 {
-        self.db().query_row(sql, [], |row| row.get(0)).expect(sql)
+        self.database.count(sql)
     }
 
     /// The first column of every row `sql` returns, as text.
     pub fn texts(&self, sql: &str) -> Vec<String> {
-        texts(&self.db(), sql)
+        self.database.texts(sql)
+    }
+
+    /// The values of the one row `sql` returns, as text (none NULL).
+    pub fn one_row(&self, sql: &str) -> Vec<String> {
+        let mut rows = self.query(sql);
+        assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
+        let row = rows.pop().unwrap().into_iter();
+        row.map(|v| v.unwrap_or_else(|| panic!("{sql}: NULL")))
+            .collect()
     }
 
     /// (processed_events, orders, email_outbox) row counts.
@@ -228,28 +561,38 @@ impl TestApp {
     }
 
     pub fn order_status(&self, order_id: &str) -> Option<String> {
-        sekali::store::sqlite::reads::order_status(&self.db(), order_id).unwrap()
+        let sql = format!(
+            "SELECT status FROM orders WHERE order_id = {}",
+            sql_text(order_id)
+        );
+        self.texts(&sql).pop()
     }
 
     pub fn order(&self, order_id: &str) -> (String, i64, i64) {
-        self.db()
-            .query_row(
-                "SELECT status, amount, refunded_amount FROM orders WHERE order_id = ?1",
-                [order_id],
-                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-            )
-            .unwrap_or_else(|e| panic!("order {order_id}: {e}"))
+        let sql = format!(
+            "SELECT status, amount, refunded_amount FROM orders WHERE order_id = {}",
+            sql_text(order_id)
+        );
+        let rows = self.query(&sql);
+        let row = rows
+            .first()
+            .unwrap_or_else(|| panic!("order {order_id}: no such order"));
+        let value = |i: usize| {
+            let value = row[i].clone();
+            value.unwrap_or_else(|| panic!("order {order_id}: column {i} is NULL"))
+        };
+        (
+            value(0),
+            value(1).parse().unwrap(),
+            value(2).parse().unwrap(),
+        )
     }
 
     pub fn outbox_templates(&self, order_id: &str) -> Vec<String> {
-        let conn = self.db();
-        let mut stmt = conn
-            .prepare("SELECT template FROM email_outbox WHERE order_id = ?1 ORDER BY id")
-            .unwrap();
-        stmt.query_map([order_id], |row| row.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect()
+        self.texts(&format!(
+            "SELECT template FROM email_outbox WHERE order_id = {} ORDER BY id",
+            sql_text(order_id)
+        ))
     }
 
     pub async fn stop(&self) {
@@ -302,19 +645,20 @@ pub fn sekali_bin() -> &'static str {
     env!("CARGO_BIN_EXE_sekali")
 }
 
-/// The database file of a [`ServeProcess`], inside its temporary directory.
+/// The database file of a [`ServeProcess`] on SQLite, inside its temporary directory.
 const SERVE_DB: &str = "s.db";
 
 /// `sekali serve` as a child process on a port of the system's choosing (`--listen 127.0.0.1:0`,
-/// the port read from its listening line), with its own temporary database and mail directory,
-/// its logs collected while it runs (a full pipe would stall it).
+/// the port read from its listening line), with its own new database (of the engine the tests
+/// run on) and temporary mail directory, its logs collected while it runs (a full pipe would
+/// stall it).
 pub struct ServeProcess {
     child: std::process::Child,
     pub port: u16,
     logs: Option<std::thread::JoinHandle<String>>,
     /// What the server has logged so far, while it runs.
     logged: std::sync::Arc<std::sync::Mutex<String>>,
-    db: std::path::PathBuf,
+    db: Database,
     mail_dir: std::path::PathBuf,
     _dir: TempDir,
 }
@@ -331,7 +675,8 @@ impl ServeProcess {
         Self::start_on(None, env, rust_log, args)
     }
 
-    /// [`ServeProcess::start_with`] on the database file `db` instead of one of its own.
+    /// [`ServeProcess::start_with`] on the database `db` (a file, or a PostgreSQL URL as a path:
+    /// [`Database::path`]) instead of one of its own.
     pub fn start_on(
         db: Option<&std::path::Path>,
         env: &[(&str, &str)],
@@ -375,7 +720,10 @@ impl ServeProcess {
         open_files: Option<u64>,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let db = db.map_or_else(|| dir.path().join(SERVE_DB), ToOwned::to_owned);
+        let db = db.map_or_else(
+            || Database::fresh(dir.path().join(SERVE_DB)),
+            Database::from_path,
+        );
         let mail_dir = dir.path().join("mail");
         let mut command = match open_files {
             None => std::process::Command::new(sekali_bin()),
@@ -400,7 +748,7 @@ impl ServeProcess {
             .arg("--mail-dir")
             .arg(&mail_dir)
             .arg("--db")
-            .arg(&db)
+            .arg(db.arg())
             .args(args)
             .env_remove("STRIPE_WEBHOOK_SECRET")
             .env_remove("MIDTRANS_SERVER_KEY")
@@ -474,8 +822,9 @@ impl ServeProcess {
         self.logged.lock().unwrap().clone()
     }
 
-    pub fn db_path(&self) -> std::path::PathBuf {
-        self.db.clone()
+    /// Its database (see [`Database::query`], [`Database::arg`]).
+    pub fn db(&self) -> &Database {
+        &self.db
     }
 
     /// Where its relay writes `.eml` files (`--mail-dir`); the arguments given to start it

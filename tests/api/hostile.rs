@@ -449,14 +449,13 @@ async fn validly_signed_bodies_with_unusual_formatting_are_processed_and_stored_
             answer.body
         );
         assert_eq!(answer.body["event_id"], event_id.as_str(), "{case}");
-        let stored: String = app
-            .db()
-            .query_row(
-                "SELECT payload FROM processed_events WHERE event_id = ?1",
-                [&event_id],
-                |r| r.get(0),
-            )
-            .unwrap_or_else(|e| panic!("{case}: {e}"));
+        let stored = app.texts(&format!(
+            "SELECT payload FROM processed_events WHERE event_id = {}",
+            sql_text(&event_id)
+        ));
+        let [stored] = &stored[..] else {
+            panic!("{case}: {stored:?}")
+        };
         assert!(
             stored.as_bytes() == body.as_bytes(),
             "{case}: the stored payload differs from the bytes sent:\n sent {:?}\n kept {:?}",

@@ -1403,25 +1403,22 @@ async fn run(app: &TestApp, history: &History) -> Result<Shown, String> {
 
 /// The order's emails in the order they were queued.
 fn emails(app: &TestApp, order_id: &str) -> Vec<Email> {
-    let conn = app.db();
-    let mut rows = conn
-        .prepare("SELECT template, params FROM email_outbox WHERE order_id = ?1 ORDER BY id")
-        .unwrap();
-    rows.query_map([order_id], |row| {
-        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
-    })
-    .unwrap()
-    .map(|row| {
-        let (template, params) = row.unwrap();
-        let params: Value = serde_json::from_str(&params).unwrap();
-        let money = match template.as_str() {
-            "receipt" => params["amount"].as_i64(),
-            "refund_notice" => params["refund_amount"].as_i64(),
-            _ => None,
-        };
-        (template, money)
-    })
-    .collect()
+    let rows = app.query(&format!(
+        "SELECT template, params FROM email_outbox WHERE order_id = {} ORDER BY id",
+        sql_text(order_id)
+    ));
+    rows.into_iter()
+        .map(|row| {
+            let (template, params) = (row[0].clone().unwrap(), row[1].clone().unwrap());
+            let params: Value = serde_json::from_str(&params).unwrap();
+            let money = match template.as_str() {
+                "receipt" => params["amount"].as_i64(),
+                "refund_notice" => params["refund_amount"].as_i64(),
+                _ => None,
+            };
+            (template, money)
+        })
+        .collect()
 }
 
 // --- the comparison ----------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ use std::time::Duration;
 use actix_web::dev::ServerHandle;
 use actix_web::http::StatusCode;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-use rusqlite::{Connection, OpenFlags};
 use secrecy::SecretString;
 use sekali::clients::midtrans_status::StatusApi;
 use sekali::config::Settings;
@@ -384,14 +383,6 @@ fn serve_checking(stand_in: &StandIn, rust_log: &str) -> ServeProcess {
         ],
         rust_log,
     )
-}
-
-fn read_db(server: &ServeProcess) -> Connection {
-    Connection::open_with_flags(server.db_path(), OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
-}
-
-fn count_in(conn: &Connection, sql: &str) -> i64 {
-    conn.query_row(sql, [], |row| row.get(0)).expect(sql)
 }
 
 /// A refund of all of ORDER-2001 that Midtrans never made, carrying the signature of the
@@ -1063,27 +1054,20 @@ fn an_echannel_deny_the_api_confirms_after_settlement_is_a_reversal_logged_at_wa
         "ORDER-2007:deny:202:accept:e7a46595-1e02-45e9-813f-be564bfd41eb"
     );
 
-    let db = read_db(&server);
-    let status: String = db
-        .query_row(
-            "SELECT status FROM orders WHERE order_id = 'ORDER-2007'",
-            [],
-            |row| row.get(0),
-        )
-        .unwrap();
-    assert_eq!(status, "needs_review");
+    let db = server.db();
+    let status = db.texts("SELECT status FROM orders WHERE order_id = 'ORDER-2007'");
+    assert_eq!(status, ["needs_review"]);
     assert_eq!(
-        texts(&db, "SELECT template FROM email_outbox ORDER BY id"),
+        db.texts("SELECT template FROM email_outbox ORDER BY id"),
         ["receipt"],
         "the customer is told nothing about the reversal"
     );
     assert_eq!(
-        texts(&db, "SELECT outcome FROM processed_events ORDER BY rowid"),
+        db.texts("SELECT outcome FROM processed_events ORDER BY rowid"),
         ["processed", "reversed"]
     );
     // Without the check this server never asks: this fails (0).
     assert_eq!(midtrans.asked_about("ORDER-2007"), 2);
-    drop(db);
 
     let (exit, logs) = server.stop();
     assert!(exit.success(), "{logs}");
@@ -1170,20 +1154,14 @@ async fn an_id_stored_in_the_old_unescaped_form_makes_a_redelivery_a_duplicate()
     }));
     // What a version before escaping stored for this settlement an hour ago.
     let now = app.clock.now_unix();
-    let db = Connection::open(&app.db_path).unwrap();
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
-    db.execute(
+    app.database.execute(&format!(
         "INSERT INTO processed_events
              (provider, event_id, event_type, order_id, outcome, received_at, expires_at, payload)
-         VALUES ('midtrans', 'A:1:settlement:200', 'settlement', 'A:1', 'processed', ?1, ?2, ?3)",
-        rusqlite::params![
-            sekali::clock::iso_seconds(now - 3600),
-            sekali::clock::iso_seconds(now + 6 * 24 * 3600),
-            String::from_utf8(body.clone()).unwrap(),
-        ],
-    )
-    .unwrap();
-    drop(db);
+         VALUES ('midtrans', 'A:1:settlement:200', 'settlement', 'A:1', 'processed', {}, {}, {})",
+        sql_text(&sekali::clock::iso_seconds(now - 3600)),
+        sql_text(&sekali::clock::iso_seconds(now + 6 * 24 * 3600)),
+        sql_text(std::str::from_utf8(&body).unwrap()),
+    ));
 
     let answer = app.notify(&body).await;
     // Looking only under the escaped id (A\:1:settlement:200), this fails ("processed", and the
@@ -1227,21 +1205,15 @@ async fn an_old_form_id_of_one_order_does_not_make_another_orders_settlement_a_d
         "signature_key": ""
     }));
     let now = app.clock.now_unix();
-    let db = Connection::open(&app.db_path).unwrap();
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
-    db.execute(
+    app.database.execute(&format!(
         "INSERT INTO processed_events
              (provider, event_id, event_type, order_id, outcome, received_at, expires_at, payload)
          VALUES ('midtrans', 'A:partial_refund:200:rk:settlement:200', 'partial_refund', 'A',
-                 'processed', ?1, ?2, ?3)",
-        rusqlite::params![
-            sekali::clock::iso_seconds(now - 2 * 24 * 3600),
-            sekali::clock::iso_seconds(now + 5 * 24 * 3600),
-            String::from_utf8(partial_refund.clone()).unwrap(),
-        ],
-    )
-    .unwrap();
-    drop(db);
+                 'processed', {}, {}, {})",
+        sql_text(&sekali::clock::iso_seconds(now - 2 * 24 * 3600)),
+        sql_text(&sekali::clock::iso_seconds(now + 5 * 24 * 3600)),
+        sql_text(std::str::from_utf8(&partial_refund).unwrap()),
+    ));
 
     // The first settlement of order `A:partial_refund:200:rk`: its old-form id is the same text,
     // but the row is another order's (its order_id column says `A`), so it is not this
@@ -1313,9 +1285,10 @@ fn serve_asks_the_status_api_by_default_when_a_midtrans_key_is_set() {
     assert_eq!(forged.status, 503, "{forged:?}");
     assert_eq!(forged.error(), NOT_CONFIRMED);
 
-    let db = read_db(&server);
-    assert_eq!(count_in(&db, "SELECT count(*) FROM processed_events"), 1);
-    drop(db);
+    assert_eq!(
+        server.db().count("SELECT count(*) FROM processed_events"),
+        1
+    );
     let (exit, logs) = server.stop();
     assert!(exit.success(), "{logs}");
     assert!(logs.contains("midtrans: status check on"), "{logs}");
@@ -1345,16 +1318,10 @@ fn serve_with_the_check_off_applies_a_notification_without_asking() {
         "{answer:?}"
     );
     assert!(midtrans.seen().is_empty(), "{:?}", midtrans.seen());
-    let db = read_db(&server);
-    let status: String = db
-        .query_row(
-            "SELECT status FROM orders WHERE order_id = 'ORDER-2001'",
-            [],
-            |row| row.get(0),
-        )
-        .unwrap();
-    assert_eq!(status, "paid");
-    drop(db);
+    let status = server
+        .db()
+        .texts("SELECT status FROM orders WHERE order_id = 'ORDER-2001'");
+    assert_eq!(status, ["paid"]);
     let (exit, logs) = server.stop();
     assert!(exit.success(), "{logs}");
     assert!(logs.contains("midtrans: status check off"), "{logs}");

@@ -63,17 +63,12 @@ async fn a_refund_before_the_payment_that_links_it_is_parked_then_applied() {
         app.order("ord_1001"),
         ("partially_refunded".into(), 2500, 1000)
     );
-    let (outcome, order): (String, String) = app
-        .db()
-        .query_row(
-            "SELECT outcome, order_id FROM processed_events WHERE event_id = 'evt_1QA0003refundpartial01'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
+    let rows = app.query(
+        "SELECT outcome, order_id FROM processed_events WHERE event_id = 'evt_1QA0003refundpartial01'",
+    );
     assert_eq!(
-        (outcome.as_str(), order.as_str()),
-        ("processed", "ord_1001")
+        rows,
+        [[Some("processed".to_owned()), Some("ord_1001".to_owned())]]
     );
     assert_eq!(
         app.outbox_templates("ord_1001"),
@@ -108,15 +103,10 @@ async fn late_events_that_would_move_an_order_backwards_are_stale() {
     app.deliver_stripe("payment_intent.succeeded").await;
     let late = app.deliver_stripe("payment_intent.processing").await;
     assert_eq!(late.outcome(), "stale");
-    let outcome: String = app
-        .db()
-        .query_row(
-            "SELECT outcome FROM processed_events WHERE event_id = 'evt_1QA0001processing00001'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(outcome, "stale");
+    let outcome = app.texts(
+        "SELECT outcome FROM processed_events WHERE event_id = 'evt_1QA0001processing00001'",
+    );
+    assert_eq!(outcome, ["stale"]);
 }
 
 /// A refund says the money was taken before it was given back: an order first seen refunded

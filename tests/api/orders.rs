@@ -110,24 +110,13 @@ async fn a_new_order_is_created_pending_and_described() {
     assert_eq!(order["currency"], "IDR");
     assert_eq!(order["source"], "api");
     assert_eq!(order["metadata"]["locale"], "id");
-    let (source, status): (String, String) = app
-        .db()
-        .query_row(
-            "SELECT source, status FROM orders WHERE order_id = 'ord_api_1'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
-    assert_eq!((source.as_str(), status.as_str()), ("api", "pending"));
-    let stored: (String, i64, String) = app
-        .db()
-        .query_row(
-            "SELECT client, response_status, status FROM idempotency_keys WHERE key = 'k-1'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .unwrap();
-    assert_eq!(stored, ("shop".into(), 201, "completed".into()));
+    assert_eq!(
+        app.one_row("SELECT source, status FROM orders WHERE order_id = 'ord_api_1'"),
+        ["api", "pending"]
+    );
+    let stored = app
+        .one_row("SELECT client, response_status, status FROM idempotency_keys WHERE key = 'k-1'");
+    assert_eq!(stored, ["shop", "201", "completed"]);
 }
 
 #[actix_web::test]
@@ -358,7 +347,7 @@ async fn the_purge_removes_expired_keys() {
     app.stop().await;
     let output = Command::new(sekali_bin())
         .args(["purge", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .output()
         .unwrap();
     assert_eq!(
@@ -465,15 +454,10 @@ async fn a_payment_that_does_not_match_an_api_order_moves_it_to_needs_review() {
         app.order_status("ord_1001").as_deref(),
         Some("needs_review")
     );
-    let outcome: String = app
-        .db()
-        .query_row(
-            "SELECT outcome FROM processed_events WHERE event_id = 'evt_1QA0002succeeded000001'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(outcome, "amount_mismatch");
+    let outcome = app.texts(
+        "SELECT outcome FROM processed_events WHERE event_id = 'evt_1QA0002succeeded000001'",
+    );
+    assert_eq!(outcome, ["amount_mismatch"]);
     // The money was taken all the same: the customer's receipt says what.
     assert_eq!(app.outbox_templates("ord_1001"), ["receipt"]);
     // Money given back while the order is in review is money given back: recorded and told to
@@ -492,7 +476,7 @@ async fn a_payment_that_does_not_match_an_api_order_moves_it_to_needs_review() {
     app.stop().await;
     let output = Command::new(sekali_bin())
         .args(["orders", "set-status", "ord_1001", "paid", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .args([
             "--reason",
             "the customer paid the rest by bank transfer",
@@ -913,7 +897,7 @@ fn set_status(app: &TestApp, args: &[&str], env_user: Option<&str>) -> (bool, St
         .args(["orders", "set-status"])
         .args(args)
         .arg("--db")
-        .arg(&app.db_path);
+        .arg(app.db_arg());
     if let Some(user) = env_user {
         command
             .env_remove("SUDO_USER")

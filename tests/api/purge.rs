@@ -54,7 +54,7 @@ async fn the_purge_command_removes_only_expired_ids_and_keeps_orders() {
 
     let output = Command::new(sekali_bin())
         .args(["purge", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .output()
         .unwrap();
     assert!(output.status.success(), "{output:?}");
@@ -93,7 +93,7 @@ async fn parked_events_survive_the_purge() {
     app.stop().await;
     let output = Command::new(sekali_bin())
         .args(["purge", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .output()
         .unwrap();
     assert_eq!(
@@ -137,16 +137,16 @@ async fn the_purge_job_runs_on_its_interval_in_batches() {
 #[test]
 fn purging_a_database_that_does_not_exist_is_an_error_and_creates_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("missing.db");
+    let db = Database::missing(dir.path().join("missing.db"));
     let output = Command::new(sekali_bin())
         .args(["purge", "--db"])
-        .arg(&path)
+        .arg(db.arg())
         .output()
         .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("does not exist"), "{stderr}");
-    assert!(!path.exists());
+    assert!(!db.path().exists());
 }
 
 #[test]
@@ -166,8 +166,7 @@ fn the_served_purge_job_deletes_in_transactions_of_500_and_logs_each_pass() {
         .unwrap();
     assert!(bench.status.success(), "{bench:?}");
 
-    let db = rusqlite::Connection::open(server.db_path()).unwrap();
-    let count = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
+    let count = |sql: &str| server.db().count(sql);
     let purged = (0..200).any(|_| {
         count("SELECT count(*) FROM processed_events") == 0 || {
             std::thread::sleep(Duration::from_millis(100));

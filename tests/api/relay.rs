@@ -114,9 +114,9 @@ async fn spawn_mock(script: Script) -> Mock {
     }
 }
 
-fn relay_config(db: &Path) -> RelayConfig {
+fn relay_config(db: &Database) -> RelayConfig {
     RelayConfig {
-        db: db.to_path_buf().into(),
+        db: db.location(),
         busy_timeout: Duration::from_secs(5),
         base_delay: Duration::from_secs(1),
         max_delay: Duration::from_secs(8),
@@ -186,24 +186,25 @@ struct Row {
 }
 
 fn row(app: &TestApp, id: i64) -> Row {
-    app.db()
-        .query_row(
-            "SELECT status, attempts, next_attempt_at, last_error, idempotency_key FROM email_outbox WHERE id = ?1",
-            [id],
-            |r| {
-                let next: Option<String> = r.get(2)?;
-                Ok(Row {
-                    status: r.get(0)?,
-                    attempts: r.get(1)?,
-                    next_attempt_ms: next.map(|t| {
-                        humantime::parse_rfc3339(&t).unwrap().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
-                    }),
-                    last_error: r.get(3)?,
-                    key: r.get(4)?,
-                })
-            },
-        )
-        .unwrap()
+    let rows = app.query(&format!(
+        "SELECT status, attempts, next_attempt_at, last_error, idempotency_key FROM email_outbox WHERE id = {id}"
+    ));
+    let [r] = &rows[..] else {
+        panic!("outbox row {id}: {rows:?}")
+    };
+    Row {
+        status: r[0].clone().unwrap(),
+        attempts: r[1].as_deref().unwrap().parse().unwrap(),
+        next_attempt_ms: r[2].as_deref().map(|t| {
+            humantime::parse_rfc3339(t)
+                .unwrap()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64
+        }),
+        last_error: r[3].clone(),
+        key: r[4].clone().unwrap(),
+    }
 }
 
 /// Polls until `ready` holds (the relay runs on its own thread), at most 15 s.
@@ -229,7 +230,7 @@ async fn transient_failures_are_retried_with_the_same_key_until_sent() {
     }))
     .await;
     app.deliver_stripe("payment_intent.succeeded").await;
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
 
     for failures in 1..=2 {
         wait_for("a failed try", || row(&app, 1).attempts == failures).await;
@@ -265,7 +266,7 @@ async fn a_refused_key_or_a_down_api_counts_no_try_so_the_row_outlives_the_attem
     }))
     .await;
     app.deliver_stripe("payment_intent.succeeded").await;
-    let config = quick_probes(relay_config(&app.db_path));
+    let config = quick_probes(relay_config(&app.database));
     assert!(
         config.max_attempts < 7,
         "more refusals than the limit allows tries"
@@ -286,7 +287,7 @@ async fn a_refused_key_or_a_down_api_counts_no_try_so_the_row_outlives_the_attem
     // A server that does not answer at all is the same: nothing listens on this port.
     app.deliver_stripe("payment_intent.payment_failed").await;
     let nowhere = format!("http://127.0.0.1:{}/emails", free_port());
-    let mut config = quick_probes(relay_config(&app.db_path));
+    let mut config = quick_probes(relay_config(&app.database));
     config.owner = "relay-to-nowhere".into();
     let _lost = start_relay(&app, config, http_mail(&nowhere));
     let second = app.count("SELECT max(id) FROM email_outbox");
@@ -314,12 +315,12 @@ async fn a_row_is_not_sent_again_past_the_downstream_keys_lifetime_after_a_try_t
     // The first try fails on the API's side (a 500): it may or may not have gone through.
     let mock = spawn_mock(always(500)).await;
     app.deliver_stripe("payment_intent.succeeded").await;
-    let relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("the first try", || row(&app, 1).attempts == 1).await;
     drop(relay);
     // Then the API is unreachable for a day (waits that count no try); now it is back.
     app.clock.advance(Duration::from_secs(25 * 3600));
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("the row to die", || row(&app, 1).status == "dead").await;
     let r = row(&app, 1);
     assert!(
@@ -345,7 +346,7 @@ async fn a_day_long_outage_before_the_first_try_does_not_shorten_the_keys_lifeti
     let nowhere = format!("http://127.0.0.1:{}/emails", free_port());
     let lost = start_relay(
         &app,
-        quick_probes(relay_config(&app.db_path)),
+        quick_probes(relay_config(&app.database)),
         http_mail(&nowhere),
     );
     wait_for("the API to be found unavailable", || {
@@ -359,7 +360,7 @@ async fn a_day_long_outage_before_the_first_try_does_not_shorten_the_keys_lifeti
         (if attempt == 1 { 503 } else { 200 }, None, Duration::ZERO)
     }))
     .await;
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("the first try", || row(&app, 1).attempts == 1).await;
     app.clock.advance(Duration::from_secs(8)); // past any backoff (max 8 s)
     wait_for("the row to be sent", || row(&app, 1).status == "sent").await;
@@ -371,7 +372,7 @@ async fn backoff_delays_stay_within_their_bounds_and_the_attempt_limit_makes_a_r
     let app = spawn_app().await;
     let mock = spawn_mock(always(500)).await;
     app.deliver_stripe("payment_intent.succeeded").await;
-    let mut config = relay_config(&app.db_path);
+    let mut config = relay_config(&app.database);
     config.max_attempts = 6;
     config.max_delay = Duration::from_secs(4);
     let _relay = start_relay(&app, config, http_mail(&mock.url));
@@ -404,7 +405,7 @@ async fn retry_after_is_honoured_and_capped_at_the_max_delay() {
     }))
     .await;
     app.deliver_stripe("payment_intent.succeeded").await;
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
 
     wait_for("the 429", || row(&app, 1).attempts == 1).await;
     assert_eq!(
@@ -431,7 +432,7 @@ async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives
     }))
     .await;
     app.deliver_stripe("payment_intent.succeeded").await;
-    let relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("the row to die", || row(&app, 1).status == "dead").await;
     let r = row(&app, 1);
     assert_eq!((r.attempts, r.next_attempt_ms), (1, None));
@@ -439,7 +440,7 @@ async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives
 
     let list = Command::new(sekali_bin())
         .args(["outbox", "list", "--status", "dead", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .output()
         .unwrap();
     assert!(
@@ -449,7 +450,7 @@ async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives
     // A status no row can have is a mistake to point out, not an empty list.
     let misspelt = Command::new(sekali_bin())
         .args(["outbox", "list", "--status", "daed", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .output()
         .unwrap();
     assert!(!misspelt.status.success());
@@ -461,7 +462,7 @@ async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives
     drop(relay);
     let retry = Command::new(sekali_bin())
         .args(["outbox", "retry", "1", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .output()
         .unwrap();
     assert_eq!(
@@ -471,7 +472,7 @@ async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives
     // Pending now, and already due: a second retry keeps it so, its attempts reset once.
     let again = Command::new(sekali_bin())
         .args(["outbox", "retry", "1", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .output()
         .unwrap();
     assert!(again.status.success(), "{again:?}");
@@ -483,7 +484,7 @@ async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives
     assert_eq!(row(&app, 1).attempts, 0);
     let missing = Command::new(sekali_bin())
         .args(["outbox", "retry", "99999", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .output()
         .unwrap();
     assert!(!missing.status.success());
@@ -494,14 +495,14 @@ async fn a_permanent_failure_makes_the_row_dead_at_once_and_outbox_retry_revives
 
     // The revived row is due at the real time of the retry; the relay's clock must reach it.
     app.clock.set(sekali::clock::SystemClock.now_unix() + 1);
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("the revived row to be sent", || {
         row(&app, 1).status == "sent"
     })
     .await;
     let show = Command::new(sekali_bin())
         .args(["outbox", "show", "1", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .output()
         .unwrap();
     let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
@@ -517,7 +518,7 @@ async fn a_row_without_a_recipient_is_skipped_visibly() {
     let app = spawn_app().await;
     let mock = spawn_mock(always(200)).await;
     app.deliver_midtrans("settlement").await; // Midtrans notifications carry no email
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("the row to be skipped", || row(&app, 1).status == "skipped").await;
     assert_eq!(
         row(&app, 1).last_error.as_deref(),
@@ -535,7 +536,7 @@ async fn emails_are_indonesian_for_rupiah_and_english_otherwise() {
     app.deliver_stripe("checkout.session.async_payment_succeeded")
         .await;
     app.deliver_stripe("payment_intent.succeeded").await; // ord_1001, USD
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("both receipts", || mock.seen().len() == 2).await;
     let subjects: Vec<String> = mock.seen().into_iter().map(|s| s.subject).collect();
     assert!(
@@ -577,7 +578,7 @@ async fn emails_show_each_amount_with_its_currencys_own_decimals() {
             .await;
         assert_eq!(answer.outcome(), "processed");
     }
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("three receipts", || mock.seen().len() == 3).await;
     let text_of = |order: &str| {
         mock.seen()
@@ -637,7 +638,7 @@ async fn a_receipt_after_an_operator_settles_a_mismatch_shows_what_the_customer_
     assert_eq!(answer.outcome(), "amount_mismatch");
     let output = Command::new(sekali_bin())
         .args(["orders", "set-status", "ORDER-2001", "paid", "--db"])
-        .arg(&app.db_path)
+        .arg(app.db_arg())
         .args(["--reason", "the shortfall was paid at the counter"])
         .output()
         .unwrap();
@@ -648,7 +649,7 @@ async fn a_receipt_after_an_operator_settles_a_mismatch_shows_what_the_customer_
     app.clock
         .set(sekali::clock::Clock::now_unix(&sekali::clock::SystemClock) + 1);
     let mock = spawn_mock(always(200)).await;
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("the receipt", || mock.seen().len() == 1).await;
     let text = &mock.seen()[0].text;
     assert!(text.contains("sebesar Rp\u{a0}100.000 telah"), "{text}");
@@ -677,7 +678,7 @@ async fn the_email_api_gets_one_address_and_a_subject_without_line_breaks() {
     event["data"]["object"]["receipt_email"] = "ana@example.com,attacker@evil.example".into();
     app.deliver_stripe_body(&serde_json::to_vec(&event).unwrap())
         .await;
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("the first receipt and the skipped row", || {
         mock.seen().len() == 1
             && app.count("SELECT count(*) FROM email_outbox WHERE status = 'skipped'") == 1
@@ -716,11 +717,11 @@ async fn an_email_apis_error_text_is_logged_escaped_and_without_addresses() {
     let handle = server.handle();
     actix_web::rt::spawn(server);
     app.deliver_stripe("payment_intent.succeeded").await;
-    let db = app.db_path.clone();
+    let db = app.database.clone();
     let logs = actix_web::rt::task::spawn_blocking(move || {
         let relay = Command::new(sekali_bin())
             .args(["relay", "--relay-poll-interval", "20ms", "--db"])
-            .arg(&db)
+            .arg(db.arg())
             .env("SEKALI_MAIL_API_URL", &url)
             .env("SEKALI_MAIL_API_KEY", API_KEY)
             .env("SEKALI_MAIL_FROM", FROM)
@@ -728,14 +729,9 @@ async fn an_email_apis_error_text_is_logged_escaped_and_without_addresses() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let conn = rusqlite::Connection::open(&db).unwrap();
         for _ in 0..500 {
-            let status: String = conn
-                .query_row("SELECT status FROM email_outbox WHERE id = 1", [], |r| {
-                    r.get(0)
-                })
-                .unwrap();
-            if status == "dead" {
+            let status = db.texts("SELECT status FROM email_outbox WHERE id = 1");
+            if status == ["dead"] {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -769,22 +765,19 @@ async fn an_order_with_a_locale_that_is_not_text_does_not_stop_anyones_email() {
     let app = spawn_app().await;
     let mock = spawn_mock(always(200)).await;
     // Written as an older version stored it, before POST /orders checked the locale.
-    rusqlite::Connection::open(&app.db_path)
-        .unwrap()
-        .execute_batch(
-            "INSERT INTO orders (order_id, provider, status, amount, currency, created_at,
-                                 updated_at, last_event_id, source, metadata)
-             VALUES ('ord_relay_00000', 'stripe', 'pending', 2500, 'usd', '2026-11-01T10:00:00Z',
-                     '2026-11-01T10:00:00Z', 'api:shop', 'api', '{\"locale\": 5}')",
-        )
-        .unwrap();
+    app.database.execute(
+        "INSERT INTO orders (order_id, provider, status, amount, currency, created_at,
+                             updated_at, last_event_id, source, metadata)
+         VALUES ('ord_relay_00000', 'stripe', 'pending', 2500, 'usd', '2026-11-01T10:00:00Z',
+                 '2026-11-01T10:00:00Z', 'api:shop', 'api', '{\"locale\": 5}')",
+    );
     for n in 0..3 {
         let answer = app
             .deliver_stripe_body(&succeeded_for(n, &format!("c{n}@example.com")))
             .await;
         assert_eq!(answer.outcome(), "processed", "{:?}", answer.body);
     }
-    let _relay = start_relay(&app, relay_config(&app.db_path), http_mail(&mock.url));
+    let _relay = start_relay(&app, relay_config(&app.database), http_mail(&mock.url));
     wait_for("every receipt", || mock.seen().len() == 3).await;
     // Recorded once the API answered (the relay records a batch while it sends the next).
     wait_for("every row sent", || {
@@ -866,7 +859,7 @@ async fn an_smtp_server_that_accepts_but_never_answers_counts_no_try() {
     });
     let app = spawn_app().await;
     app.deliver_stripe("payment_intent.succeeded").await;
-    let mut config = quick_probes(relay_config(&app.db_path));
+    let mut config = quick_probes(relay_config(&app.database));
     config.transport_timeout = Duration::from_secs(1);
     let mut mail = smtp_mail(port);
     mail.timeout = Duration::from_secs(1);
@@ -899,7 +892,7 @@ async fn smtp_delivery_to_a_real_server_with_a_deterministic_message_id() {
         .await;
     app.deliver_stripe_body(&succeeded_for(3, "tempfail@example.com"))
         .await;
-    let _relay = start_relay(&app, relay_config(&app.db_path), smtp_mail(sink.port));
+    let _relay = start_relay(&app, relay_config(&app.database), smtp_mail(sink.port));
 
     wait_for("the first to be sent", || row(&app, 1).status == "sent").await;
     wait_for("the rejected one to die", || row(&app, 2).status == "dead").await;
@@ -938,7 +931,7 @@ async fn an_smtp_server_that_cannot_be_reached_never_kills_a_row() {
     let app = spawn_app().await;
     let closed = free_port();
     app.deliver_stripe("payment_intent.succeeded").await;
-    let config = quick_probes(relay_config(&app.db_path));
+    let config = quick_probes(relay_config(&app.database));
     let limit = config.max_attempts;
     let _relay = start_relay(&app, config, smtp_mail(closed));
     wait_for("a connection failure", || row(&app, 1).last_error.is_some()).await;
@@ -965,7 +958,7 @@ async fn a_wrong_smtp_password_counts_against_no_row() {
         "smtp://sekali:wrong-password@127.0.0.1:{}",
         sink.port
     )));
-    let relay = start_relay(&app, relay_config(&app.db_path), mail);
+    let relay = start_relay(&app, relay_config(&app.database), mail);
     wait_for("a refused login", || row(&app, 1).last_error.is_some()).await;
     let r = row(&app, 1);
     assert_eq!(
@@ -990,13 +983,14 @@ async fn a_wrong_smtp_password_counts_against_no_row() {
         sink.port
     )));
     app.clock.advance(Duration::from_secs(8));
-    let _relay = start_relay(&app, relay_config(&app.db_path), mail);
+    let _relay = start_relay(&app, relay_config(&app.database), mail);
     wait_for("the row to be sent", || row(&app, 1).status == "sent").await;
 }
 
 #[test]
 fn serve_refuses_relay_settings_that_outlive_the_downstream_key() {
     let dir = tempfile::tempdir().unwrap();
+    let db = Database::fresh(dir.path().join("s.db"));
     let output = Command::new(sekali_bin())
         .args([
             "serve",
@@ -1006,7 +1000,7 @@ fn serve_refuses_relay_settings_that_outlive_the_downstream_key() {
             "40",
             "--db",
         ])
-        .arg(dir.path().join("s.db"))
+        .arg(db.arg())
         .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
         .env("SEKALI_MAIL_API_URL", "http://127.0.0.1:9/emails")
         .env("SEKALI_MAIL_API_KEY", API_KEY)
@@ -1018,7 +1012,7 @@ fn serve_refuses_relay_settings_that_outlive_the_downstream_key() {
 }
 
 /// `sekali relay` as a child process against the mock.
-fn spawn_relay_process(db: &Path, mock_url: &str) -> Child {
+fn spawn_relay_process(db: &Database, mock_url: &str) -> Child {
     Command::new(sekali_bin())
         .args([
             "relay",
@@ -1036,7 +1030,7 @@ fn spawn_relay_process(db: &Path, mock_url: &str) -> Child {
             "25",
             "--db",
         ])
-        .arg(db)
+        .arg(db.arg())
         .env("SEKALI_MAIL_API_URL", mock_url)
         .env("SEKALI_MAIL_API_KEY", API_KEY)
         .env("SEKALI_MAIL_FROM", FROM)
@@ -1059,13 +1053,14 @@ async fn deliver_many(app: &TestApp, count: usize) {
 }
 
 fn counts_by_status(app: &TestApp) -> HashMap<String, i64> {
-    let conn = app.db();
-    let mut stmt = conn
-        .prepare("SELECT status, count(*) FROM email_outbox GROUP BY status")
-        .unwrap();
-    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .map(Result::unwrap)
+    let rows = app.query("SELECT status, count(*) FROM email_outbox GROUP BY status");
+    rows.into_iter()
+        .map(|r| {
+            (
+                r[0].clone().unwrap(),
+                r[1].as_deref().unwrap().parse().unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -1093,12 +1088,12 @@ async fn relay_chaos_every_row_ends_sent_or_dead_and_resends_carry_the_same_key(
     }))
     .await;
     let mut rng = fastrand::Rng::with_seed(7);
-    let mut relay = spawn_relay_process(&app.db_path, &mock.url);
+    let mut relay = spawn_relay_process(&app.database, &mock.url);
     for _ in 0..6 {
         actix_web::rt::time::sleep(Duration::from_millis(rng.u64(150..600))).await;
         relay.kill().unwrap(); // SIGKILL
         relay.wait().unwrap();
-        relay = spawn_relay_process(&app.db_path, &mock.url);
+        relay = spawn_relay_process(&app.database, &mock.url);
     }
     let mut done = false;
     for _ in 0..600 {
@@ -1151,8 +1146,8 @@ async fn two_relays_on_one_database_never_send_a_row_twice() {
     let app = spawn_app().await;
     deliver_many(&app, rows).await;
     let mock = spawn_mock(Arc::new(|_, _| (200, None, Duration::from_millis(5)))).await;
-    let mut first = spawn_relay_process(&app.db_path, &mock.url);
-    let mut second = spawn_relay_process(&app.db_path, &mock.url);
+    let mut first = spawn_relay_process(&app.database, &mock.url);
+    let mut second = spawn_relay_process(&app.database, &mock.url);
     wait_for("every row to be sent", || {
         counts_by_status(&app).get("sent").copied() == Some(rows as i64)
     })
@@ -1200,16 +1195,8 @@ fn deliver_over_http(base: &str, count: usize) {
 }
 
 /// Waits up to 30 s until `count` emails in `db` are `sent`.
-fn wait_until_sent(db: &Path, count: i64) {
-    let conn = rusqlite::Connection::open(db).unwrap();
-    let sent = || -> i64 {
-        conn.query_row(
-            "SELECT count(*) FROM email_outbox WHERE status = 'sent'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap()
-    };
+fn wait_until_sent(db: &Database, count: i64) {
+    let sent = || db.count("SELECT count(*) FROM email_outbox WHERE status = 'sent'");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while sent() < count {
         assert!(std::time::Instant::now() < deadline, "only {} sent", sent());
@@ -1224,7 +1211,7 @@ fn wait_until_sent(db: &Path, count: i64) {
 fn serve_sends_every_email_through_its_one_write_connection_recording_results_in_batches() {
     let server = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
     deliver_over_http(&server.base_url(), 300);
-    wait_until_sent(&server.db_path(), 300);
+    wait_until_sent(server.db(), 300);
     let health: serde_json::Value = serde_json::from_str(
         &ureq::get(&format!("{}/healthz", server.base_url()))
             .call()
@@ -1233,7 +1220,12 @@ fn serve_sends_every_email_through_its_one_write_connection_recording_results_in
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(health["write_connections_opened"], 1, "{health}");
+    // One per writer: SQLite's one, or each of an instance's PostgreSQL writers.
+    let writers = match server.db() {
+        Database::File(_) => 1,
+        Database::Server(_) => sekali::store::postgres::writer::DEFAULT_WRITERS,
+    };
+    assert_eq!(health["write_connections_opened"], writers, "{health}");
     let writer = &health["writer"];
     assert_eq!(writer["deliveries"], 300, "{health}");
     assert_eq!(writer["outbox_results"], 300, "{health}");
@@ -1243,7 +1235,7 @@ fn serve_sends_every_email_through_its_one_write_connection_recording_results_in
         (1..=30).contains(&batches),
         "300 results in {batches} batches: {health}"
     );
-    let emails = std::fs::read_dir(server.db_path().parent().unwrap().join("mail"))
+    let emails = std::fs::read_dir(server.mail_dir())
         .unwrap()
         .filter_map(Result::ok)
         .filter(|e| e.file_name().to_string_lossy().ends_with(".eml"))
@@ -1252,18 +1244,11 @@ fn serve_sends_every_email_through_its_one_write_connection_recording_results_in
 }
 
 /// Watches `sent` rows rise while a relay sends 64 pending rows: every count a reader sees.
-fn counts_seen_while_sending(db: &Path, until: i64) -> std::collections::BTreeSet<i64> {
-    let conn = rusqlite::Connection::open(db).unwrap();
+fn counts_seen_while_sending(db: &Database, until: i64) -> std::collections::BTreeSet<i64> {
     let mut seen = std::collections::BTreeSet::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let sent: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM email_outbox WHERE status = 'sent'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
+        let sent = db.count("SELECT count(*) FROM email_outbox WHERE status = 'sent'");
         seen.insert(sent);
         if sent == until {
             return seen;
@@ -1282,15 +1267,15 @@ async fn a_reader_sees_a_batch_of_results_commit_at_once_for_sekali_relay_and_fo
         let app = spawn_app().await;
         deliver_many(&app, 64).await;
         let mock = spawn_mock(always(200)).await;
-        let db = app.db_path.clone();
+        let db = app.database.clone();
         let watcher = std::thread::spawn(move || counts_seen_while_sending(&db, 64));
         let mut child = None;
         let _relay = if through_the_writer {
-            let mut config = relay_config(&app.db_path);
+            let mut config = relay_config(&app.database);
             config.batch = sekali::jobs::relay::NETWORK_BATCH;
             Some(start_relay(&app, config, http_mail(&mock.url)))
         } else {
-            child = Some(spawn_relay_process(&app.db_path, &mock.url));
+            child = Some(spawn_relay_process(&app.database, &mock.url));
             None
         };
         let seen = actix_web::rt::task::spawn_blocking(move || watcher.join().unwrap())
@@ -1311,14 +1296,18 @@ async fn a_reader_sees_a_batch_of_results_commit_at_once_for_sekali_relay_and_fo
 /// Runs `sekali relay` on `db` under `limit` (a `ulimit` option and value, e.g. `-Sn 128`)
 /// until its backlog is gone or a row fails; returns (rows sent on their first try, all rows,
 /// `.eml` files, the relay's log).
-fn relay_under_open_file_limit(db: &Path, mail: &Path, limit: &str) -> (i64, i64, usize, String) {
-    let log = db.with_extension("relay.log");
+fn relay_under_open_file_limit(
+    db: &Database,
+    mail: &Path,
+    limit: &str,
+) -> (i64, i64, usize, String) {
+    let log = mail.with_extension("relay.log");
     let mut relay = Command::new("sh")
         .arg("-c")
         .arg(format!("ulimit {limit} && exec \"$0\" \"$@\""))
         .arg(sekali_bin())
         .args(["relay", "--relay-poll-interval", "20ms", "--db"])
-        .arg(db)
+        .arg(db.arg())
         .arg("--mail-dir")
         .arg(mail)
         .env("RUST_LOG", "info")
@@ -1326,9 +1315,7 @@ fn relay_under_open_file_limit(db: &Path, mail: &Path, limit: &str) -> (i64, i64
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let conn = rusqlite::Connection::open(db).unwrap();
-    conn.busy_timeout(Duration::from_secs(5)).unwrap();
-    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    let count = |sql: &str| db.count(sql);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     // Done when nothing is pending, or when a row failed (its retry would come 30 s later).
     while count("SELECT count(*) FROM email_outbox WHERE status = 'pending' AND last_error IS NULL")
@@ -1360,12 +1347,8 @@ async fn sekali_relay_sends_a_large_backlog_under_a_low_open_file_limit() {
     for limit in ["-Sn 128", "-n 128"] {
         let app = spawn_app().await;
         deliver_many(&app, 1500).await;
-        let mail = app
-            .db_path
-            .parent()
-            .unwrap()
-            .join(format!("mail{}", limit.len()));
-        let db = app.db_path.clone();
+        let mail = app.dir().join(format!("mail{}", limit.len()));
+        let db = app.database.clone();
         let (first_try, rows, files, log) = actix_web::rt::task::spawn_blocking(move || {
             relay_under_open_file_limit(&db, &mail, limit)
         })
@@ -1407,12 +1390,13 @@ fn serve_raises_its_open_file_limit_to_the_hard_limit() {
     let hard = hard_open_file_limit();
     let soft = (hard / 2).min(256);
     let dir = tempfile::tempdir().unwrap();
+    let db = Database::fresh(dir.path().join("s.db"));
     let mut server = Command::new("sh")
         .arg("-c")
         .arg(format!("ulimit -Sn {soft} && exec \"$0\" \"$@\""))
         .arg(sekali_bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-        .arg(dir.path().join("s.db"))
+        .arg(db.arg())
         .arg("--mail-dir")
         .arg(dir.path().join("mail"))
         .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
@@ -1471,7 +1455,7 @@ fn threads_with_nice(pid: u32) -> Vec<(String, i32)> {
 fn serves_relay_renders_and_writes_emails_at_a_lower_cpu_priority_than_deliveries() {
     let server = ServeProcess::start(&[("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)], "info");
     deliver_over_http(&server.base_url(), 40);
-    wait_until_sent(&server.db_path(), 40);
+    wait_until_sent(server.db(), 40);
     let threads = threads_with_nice(server.pid());
     let nice_of = |name: &str| -> Vec<i32> {
         threads
@@ -1489,7 +1473,18 @@ fn serves_relay_renders_and_writes_emails_at_a_lower_cpu_priority_than_deliverie
         "started at nice {base}: nothing lower to test"
     );
     assert_eq!(nice_of("sekali-relay"), vec![lowered], "{threads:?}");
-    assert_eq!(nice_of("sekali-writer"), vec![base], "{threads:?}");
+    // The writer: sekali-writer on SQLite, sekali-pg-writer on PostgreSQL (a thread's name is
+    // cut to 15 bytes).
+    let writer = match server.db() {
+        Database::File(_) => "sekali-writer",
+        Database::Server(_) => "sekali-pg-write",
+    };
+    // Each of them: SQLite has one writer, a PostgreSQL instance several.
+    let writers = nice_of(writer);
+    assert!(
+        !writers.is_empty() && writers.iter().all(|&n| n == base),
+        "{threads:?}"
+    );
     let workers = nice_of("actix-rt");
     assert!(
         !workers.is_empty() && workers.iter().all(|&n| n == base),

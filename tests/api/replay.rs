@@ -6,7 +6,6 @@
 use std::io::Read;
 use std::process::{Command, Output};
 
-use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
 
 use crate::helpers::*;
@@ -96,30 +95,28 @@ fn answer(output: &Output, index: usize) -> (u16, Value) {
     )
 }
 
-fn read_db(server: &ServeProcess) -> Connection {
-    Connection::open_with_flags(server.db_path(), OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
-}
-
 /// An order's status and amount, if it exists.
 fn order(server: &ServeProcess, order_id: &str) -> Option<(String, Option<i64>)> {
-    read_db(server)
-        .query_row(
-            "SELECT status, amount FROM orders WHERE order_id = ?1",
-            [order_id],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
-        .ok()
+    let rows = server.db().query(&format!(
+        "SELECT status, amount FROM orders WHERE order_id = {}",
+        sql_text(order_id)
+    ));
+    let row = rows.into_iter().next()?;
+    Some((
+        row[0].clone().unwrap(),
+        row[1].as_deref().map(|a| a.parse().unwrap()),
+    ))
 }
 
 fn stored_payload(server: &ServeProcess, event_id: &str) -> Value {
-    let payload: String = read_db(server)
-        .query_row(
-            "SELECT payload FROM processed_events WHERE event_id = ?1",
-            [event_id],
-            |row| row.get(0),
-        )
-        .unwrap();
-    serde_json::from_str(&payload).unwrap()
+    let payload = server.db().texts(&format!(
+        "SELECT payload FROM processed_events WHERE event_id = {}",
+        sql_text(event_id)
+    ));
+    let [payload] = &payload[..] else {
+        panic!("{event_id}: {payload:?}")
+    };
+    serde_json::from_str(payload).unwrap()
 }
 
 // --- --set ------------------------------------------------------------------------------------
@@ -247,11 +244,7 @@ fn replay_set_that_cannot_be_applied_sends_nothing_and_says_why() {
         );
         assert!(output.stdout.is_empty(), "{set}: {output:?}");
     }
-    let events: i64 = read_db(&server)
-        .query_row("SELECT count(*) FROM processed_events", [], |row| {
-            row.get(0)
-        })
-        .unwrap();
+    let events = server.db().count("SELECT count(*) FROM processed_events");
     assert_eq!(events, 0);
 
     let output = replay(&server, "stripe", &["--set", "order_id"], &[]);

@@ -63,17 +63,15 @@ async fn a_duplicate_answer_names_the_event() {
 async fn outbox_rows_are_complete_enough_to_send() {
     let app = spawn_app().await;
     app.deliver_stripe("payment_intent.succeeded").await;
-    let (recipient, template, params, key, status, attempts, created_at): (String, String, String, String, String, i64, String) = app
-        .db()
-        .query_row(
-            "SELECT recipient, template, params, idempotency_key, status, attempts, created_at FROM email_outbox",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
-        )
-        .unwrap();
+    let row = app.one_row(
+        "SELECT recipient, template, params, idempotency_key, status, attempts, created_at FROM email_outbox",
+    );
+    let [recipient, template, params, key, status, attempts, created_at] = &row[..] else {
+        panic!("{row:?}")
+    };
     assert_eq!(recipient, "ana@example.com");
     assert_eq!(template, "receipt");
-    assert_eq!((status.as_str(), attempts), ("pending", 0));
+    assert_eq!((status.as_str(), attempts.as_str()), ("pending", "0"));
     assert!(
         key.len() >= 32
             && key
@@ -82,7 +80,7 @@ async fn outbox_rows_are_complete_enough_to_send() {
         "{key}"
     );
     assert_eq!(created_at.len(), "2026-01-01T00:00:00Z".len());
-    let params: serde_json::Value = serde_json::from_str(&params).unwrap();
+    let params: serde_json::Value = serde_json::from_str(params).unwrap();
     assert_eq!(params["order_id"], "ord_1001");
     assert_eq!(params["amount"], 2500);
     assert_eq!(params["currency"], "USD");
@@ -372,22 +370,12 @@ async fn timestamps_in_the_database_are_iso_8601_utc_text() {
     let app = spawn_app().await;
     app.clock.set(1_764_400_000); // 2025-11-29T07:06:40Z
     app.deliver_stripe("payment_intent.succeeded").await;
-    let (received, expires): (String, String) = app
-        .db()
-        .query_row(
-            "SELECT received_at, expires_at FROM processed_events",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
-    assert_eq!(received, "2025-11-29T07:06:40Z");
+    let times = app.one_row("SELECT received_at, expires_at FROM processed_events");
+    assert_eq!(times[0], "2025-11-29T07:06:40Z");
     assert_eq!(
-        expires, "2025-12-29T07:06:40Z",
+        times[1], "2025-12-29T07:06:40Z",
         "30 days of Stripe retention"
     );
-    let updated: String = app
-        .db()
-        .query_row("SELECT updated_at FROM orders", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(updated, "2025-11-29T07:06:40Z");
+    let updated = app.one_row("SELECT updated_at FROM orders");
+    assert_eq!(updated, ["2025-11-29T07:06:40Z"]);
 }

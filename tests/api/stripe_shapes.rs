@@ -230,14 +230,9 @@ fn a_thin_event_is_acknowledged_as_ignored_with_the_fix_and_one_warning() {
             "{answer}"
         );
     }
-    let ignored: i64 = rusqlite::Connection::open(server.db_path())
-        .unwrap()
-        .query_row(
-            "SELECT count(*) FROM processed_events WHERE outcome = 'ignored'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let ignored = server
+        .db()
+        .count("SELECT count(*) FROM processed_events WHERE outcome = 'ignored'");
     assert_eq!(ignored, 2);
     let (_, logs) = server.stop();
     let warnings = logs

@@ -97,11 +97,8 @@ async fn a_xendit_redelivery_is_a_duplicate_with_one_row_and_one_email() {
         assert_eq!(again.body["event_id"], "65f1c0a2b3d4e5f601a01001:PAID");
     }
     assert_eq!(app.row_counts(), (1, 1, 1));
-    let recipient: String = app
-        .db()
-        .query_row("SELECT recipient FROM email_outbox", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(recipient, "buyer1001@example.com");
+    let recipient = app.one_row("SELECT recipient FROM email_outbox");
+    assert_eq!(recipient, ["buyer1001@example.com"]);
 }
 
 /// PAID and then SETTLED for one invoice are two events (two ids), and the second finds the order
@@ -260,26 +257,23 @@ async fn the_receipt_of_a_xendit_payment_shows_the_rupiah_amount() {
         deliver_xendit(&app, "invoice.paid").await.outcome(),
         "processed"
     );
-    let email = app
-        .db()
-        .query_row(
-            "SELECT id, order_id, recipient, template, params, idempotency_key FROM email_outbox",
-            [],
-            |r| {
-                Ok(sekali::store::ClaimedEmail {
-                    id: r.get(0)?,
-                    order_id: r.get(1)?,
-                    recipient: r.get(2)?,
-                    template: r.get(3)?,
-                    params: r.get(4)?,
-                    idempotency_key: r.get(5)?,
-                    attempts: 0,
-                    first_tried_ms: None,
-                    locale: None,
-                })
-            },
-        )
-        .unwrap();
+    let rows = app.query(
+        "SELECT id, order_id, recipient, template, params, idempotency_key FROM email_outbox",
+    );
+    let [r] = &rows[..] else {
+        panic!("one email: {rows:?}")
+    };
+    let email = sekali::store::ClaimedEmail {
+        id: r[0].as_deref().unwrap().parse().unwrap(),
+        order_id: r[1].clone().unwrap(),
+        recipient: r[2].clone(),
+        template: r[3].clone().unwrap(),
+        params: r[4].clone().unwrap(),
+        idempotency_key: r[5].clone().unwrap(),
+        attempts: 0,
+        first_tried_ms: None,
+        locale: None,
+    };
     let params: serde_json::Value = serde_json::from_str(&email.params).unwrap();
     assert_eq!(
         (&params["amount"], &params["exponent"], &params["currency"]),
@@ -435,7 +429,7 @@ async fn replay_sends_xendit_fixtures_with_the_token_to_a_running_server() {
 async fn bench_against_xendit_sends_each_callback_with_the_token_and_checks_the_database() {
     let app = spawn_with_xendit().await;
     let url = format!("{}/webhooks/xendit", app.address);
-    let db = app.db_path.clone();
+    let db = app.db_arg();
     let output = actix_web::rt::task::spawn_blocking(move || {
         Command::new(sekali_bin())
             .args(["bench", "--url", &url])
