@@ -237,25 +237,30 @@ fn copy_into(
     Ok(CopyReport { tables })
 }
 
+/// Where a backup may go: nowhere that exists (a backup never overwrites), in a directory that
+/// does.
+pub(crate) fn check_backup_path(out: &Path) -> Result<(), StoreError> {
+    if out.exists() {
+        return Err(StoreError::Exists(out.display().to_string()));
+    }
+    match out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) if !dir.is_dir() => Err(StoreError::BackupOut {
+            path: out.display().to_string(),
+            reason: format!("the directory {} does not exist", dir.display()),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// `sekali backup` of a database that is not a SQLite file: a copy into a new SQLite file at
 /// `out` (which `sekali --db OUT` and `sqlite3` open), written beside it and renamed into
 /// place once whole, so that `out` is a whole copy or absent.
 pub fn backup_to_file(source: &dyn Maintenance, out: &Path) -> Result<BackupReport, StoreError> {
-    if out.exists() {
-        return Err(StoreError::Exists(out.display().to_string()));
-    }
+    check_backup_path(out)?;
     let out_error = |reason: String| StoreError::BackupOut {
         path: out.display().to_string(),
         reason,
     };
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            return Err(out_error(format!(
-                "the directory {} does not exist",
-                dir.display()
-            )));
-        }
-    }
     let partial = out.with_extension("partial");
     let _ = std::fs::remove_file(&partial);
     let copied = copy(source, &Location::File(partial.clone())).and_then(|report| {

@@ -17,6 +17,7 @@
 //! - An error means nothing was committed: the caller answers 503 and the sender retries.
 
 pub mod copy;
+pub(crate) mod counters;
 mod location;
 pub mod model;
 pub mod postgres;

@@ -10,7 +10,6 @@
 //! the batch with 503, which every provider retries, and the writer connects again before its
 //! next batch: through a multi-host URL, to whichever host is the primary now.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -23,6 +22,7 @@ use tracing::Span;
 use super::{events, idempotency, outbox, purge, Db, Statements, StoreError, Target};
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderRef, Outcome};
+use crate::store::counters::WriterCounters;
 use crate::store::model::{
     ClaimRequest, ClaimedEmail, IdempotentOutcome, Purged, SendResult, WriterStats,
 };
@@ -114,16 +114,16 @@ impl Done {
         }
     }
 
-    fn count(&self, counters: &Counters) {
+    fn count(&self, counters: &WriterCounters) {
         match self {
-            Done::Delivery(_, Ok(_)) => Counters::add(&counters.deliveries, 1),
+            Done::Delivery(_, Ok(_)) => WriterCounters::add(&counters.deliveries, 1),
             Done::OutboxClaim(_, Ok(rows)) => {
-                Counters::add(&counters.outbox_claims, 1);
-                Counters::add(&counters.outbox_claimed_rows, rows.len());
+                WriterCounters::add(&counters.outbox_claims, 1);
+                WriterCounters::add(&counters.outbox_claimed_rows, rows.len());
             }
             Done::OutboxResults(_, Ok(recorded)) => {
-                Counters::add(&counters.outbox_result_batches, 1);
-                Counters::add(&counters.outbox_results, recorded.len());
+                WriterCounters::add(&counters.outbox_result_batches, 1);
+                WriterCounters::add(&counters.outbox_results, recorded.len());
             }
             _ => {}
         }
@@ -136,55 +136,23 @@ enum Job {
     Shutdown,
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    transactions: AtomicU64,
-    deliveries: AtomicU64,
-    outbox_claims: AtomicU64,
-    outbox_claimed_rows: AtomicU64,
-    outbox_result_batches: AtomicU64,
-    outbox_results: AtomicU64,
-    reopens: AtomicU64,
-    connections_opened: AtomicU64,
-}
-
-impl Counters {
-    fn add(counter: &AtomicU64, n: usize) {
-        counter.fetch_add(n as u64, Ordering::Relaxed);
-    }
-
-    fn read(&self) -> WriterStats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        WriterStats {
-            transactions: get(&self.transactions),
-            deliveries: get(&self.deliveries),
-            outbox_claims: get(&self.outbox_claims),
-            outbox_claimed_rows: get(&self.outbox_claimed_rows),
-            outbox_result_batches: get(&self.outbox_result_batches),
-            outbox_results: get(&self.outbox_results),
-            reopens: get(&self.reopens),
-            connections_opened: get(&self.connections_opened),
-        }
-    }
-}
-
 /// A handle to the writer threads; cheap to clone.
 #[derive(Clone)]
 pub struct Writer {
     queue: SyncSender<Job>,
     threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    counters: Arc<Counters>,
+    counters: Arc<WriterCounters>,
 }
 
 impl Writer {
     /// Connects (so that a wrong URL or password fails startup, not the first delivery) and
     /// starts the writer thread. The schema must be in place.
     pub fn start(config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(WriterCounters::default());
         let clients = (0..config.writers.max(1))
             .map(|_| config.target.connect())
             .collect::<Result<Vec<_>, _>>()?;
-        Counters::add(&counters.connections_opened, clients.len());
+        WriterCounters::add(&counters.connections_opened, clients.len());
         let (queue, jobs) = mpsc::sync_channel(config.queue_capacity.max(1));
         let jobs = Arc::new(Mutex::new(jobs));
         let threads = clients
@@ -299,7 +267,7 @@ impl Connection {
     fn get(
         &mut self,
         target: &Target,
-        counters: &Counters,
+        counters: &WriterCounters,
     ) -> Option<(&mut Client, &mut Statements)> {
         if self.client.as_ref().is_some_and(|c| c.is_closed()) {
             self.client = None;
@@ -308,8 +276,8 @@ impl Connection {
             self.statements.clear();
             match target.connect() {
                 Ok(client) => {
-                    Counters::add(&counters.connections_opened, 1);
-                    Counters::add(&counters.reopens, 1);
+                    WriterCounters::add(&counters.connections_opened, 1);
+                    WriterCounters::add(&counters.reopens, 1);
                     tracing::info!(database = %target, "the writer connected again");
                     self.client = Some(client);
                 }
@@ -334,7 +302,7 @@ fn run(
     jobs: &Mutex<Receiver<Job>>,
     config: WriterConfig,
     clock: SharedClock,
-    counters: &Counters,
+    counters: &WriterCounters,
 ) {
     let mut conn = Connection {
         client: Some(client),
@@ -404,7 +372,7 @@ fn commit_batch(
     mut batch: Vec<(Work, Span)>,
     config: &WriterConfig,
     clock: &SharedClock,
-    counters: &Counters,
+    counters: &WriterCounters,
 ) {
     batch.sort_by_cached_key(|(work, _)| lock_order(work));
     let Some((client, statements)) = conn.get(&config.target, counters) else {
@@ -426,7 +394,7 @@ fn run_batch(
     batch: Vec<(Work, Span)>,
     config: &WriterConfig,
     clock: &SharedClock,
-    counters: &Counters,
+    counters: &WriterCounters,
 ) -> bool {
     let now_unix = clock.now_unix();
     let now_ms = clock.now_millis();
@@ -520,7 +488,7 @@ fn run_batch(
         done.into_iter().for_each(|d| d.fail(unavailable));
         return e.is_connection_lost();
     }
-    Counters::add(&counters.transactions, 1);
+    WriterCounters::add(&counters.transactions, 1);
     done.iter().for_each(|d| d.count(counters));
     done.into_iter().for_each(Done::answer);
     false
@@ -706,7 +674,7 @@ fn purge_batch(
     config: &WriterConfig,
     now_unix: i64,
     limit: usize,
-    counters: &Counters,
+    counters: &WriterCounters,
 ) -> Result<Purged, StoreError> {
     let Some((client, statements)) = conn.get(&config.target, counters) else {
         return Err(unavailable());

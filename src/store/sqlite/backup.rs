@@ -20,21 +20,11 @@ pub fn backup_database(
     out: &Path,
     busy_timeout: Duration,
 ) -> Result<BackupReport, StoreError> {
-    if out.exists() {
-        return Err(StoreError::Exists(out.display().to_string()));
-    }
+    crate::store::copy::check_backup_path(out)?;
     let out_error = |reason: String| StoreError::BackupOut {
         path: out.display().to_string(),
         reason,
     };
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            return Err(out_error(format!(
-                "the directory {} does not exist",
-                dir.display()
-            )));
-        }
-    }
     let src = open_existing(source, false, busy_timeout)?;
     let partial = out.with_extension("partial");
     let _ = std::fs::remove_file(&partial);

@@ -25,7 +25,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -42,6 +42,7 @@ use super::statements::Statements;
 use super::{open_for_writing, purge, StoreError};
 use crate::clock::SharedClock;
 use crate::domain::NormalizedEvent;
+use crate::store::counters::WriterCounters;
 use crate::store::model::{
     ClaimRequest, ClaimedEmail, IdempotentOutcome, Purged, SendResult, WriterStats,
 };
@@ -99,43 +100,6 @@ pub const RELAY_SHARE_WHILE_DELIVERING_PERCENT: u32 = 25;
 struct RecordJob {
     work: Work,
     span: Span,
-}
-
-/// What the writer has done since it started: for `/healthz`, and for tests that must know that
-/// deliveries shared a transaction.
-#[derive(Debug, Default)]
-pub struct WriterCounters {
-    transactions: AtomicU64,
-    deliveries: AtomicU64,
-    outbox_claims: AtomicU64,
-    outbox_claimed_rows: AtomicU64,
-    outbox_result_batches: AtomicU64,
-    outbox_results: AtomicU64,
-    reopens: AtomicU64,
-    connections_opened: AtomicU64,
-    /// Not a count: the commits the tests told this writer to fail (see [`CommitFaults`]),
-    /// beside the counters because every commit path reads both.
-    commit_faults: CommitFaults,
-}
-
-impl WriterCounters {
-    fn add(counter: &AtomicU64, n: usize) {
-        counter.fetch_add(n as u64, Ordering::Relaxed);
-    }
-
-    fn read(&self) -> WriterStats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        WriterStats {
-            transactions: get(&self.transactions),
-            deliveries: get(&self.deliveries),
-            outbox_claims: get(&self.outbox_claims),
-            outbox_claimed_rows: get(&self.outbox_claimed_rows),
-            outbox_result_batches: get(&self.outbox_result_batches),
-            outbox_results: get(&self.outbox_results),
-            reopens: get(&self.reopens),
-            connections_opened: get(&self.connections_opened),
-        }
-    }
 }
 
 // A delivery carries its event inline: every `Work` travels inside a `Box<RecordJob>` already,
