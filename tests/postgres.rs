@@ -377,7 +377,7 @@ fn a_database_url_with_a_mistake_is_refused_at_startup_naming_it_and_no_secret()
         &format!("postgres://shop:s3cret-pw@127.0.0.1:{port}/{database}?sslmod=disable"),
         &[],
     );
-    assert!(unknown.contains("sslmod"), "{unknown}");
+    assert!(unknown.contains("unknown option `sslmod`"), "{unknown}");
     assert!(!unknown.contains("s3cret-pw"), "{unknown}");
 
     // A database a newer sekali wrote.
@@ -638,4 +638,50 @@ fn a_failover_to_the_synchronous_standby_loses_no_acknowledged_delivery() {
     );
     let (status, logs) = server.stop();
     assert!(status.success(), "{logs}");
+}
+
+#[test]
+fn a_lock_held_elsewhere_past_the_lock_timeout_answers_503_and_then_the_delivery_goes_through() {
+    let Some(cluster) = shared_cluster() else {
+        return;
+    };
+    let database = cluster.fresh_database();
+    let url = cluster.url(&database);
+    let server = serve(&url, &["--no-relay"]);
+    let agent = agent();
+    let bodies = helpers::distinct_succeeded_bodies("locked", 2);
+    assert_eq!(deliver(&agent, server.port, &bodies[0]).0, 200);
+    // Another session (an operator's psql, a migration) holds the claims' table for 8 s: longer
+    // than sekali's lock timeout (SQLite's busy timeout, 5 s).
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            cluster.psql(
+                &database,
+                "BEGIN; LOCK TABLE processed_events IN ACCESS EXCLUSIVE MODE; \
+                 SELECT pg_sleep(8); COMMIT;",
+            )
+        });
+        // Until the lock is held.
+        let held = "SELECT count(*) FROM pg_locks WHERE relation = 'processed_events'::regclass \
+                    AND mode = 'AccessExclusiveLock' AND granted";
+        while count(cluster, &database, held) == 0 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let started = std::time::Instant::now();
+        let (status, answer) = deliver(&agent, server.port, &bodies[1]);
+        let waited = started.elapsed();
+        assert_eq!(status, 503, "{answer}");
+        assert!(
+            waited < Duration::from_secs(7),
+            "answered after {waited:?}: it waited for the lock, not the lock timeout"
+        );
+    });
+    // Released: the provider's retry goes through, once.
+    assert_eq!(
+        deliver(&agent, server.port, &bodies[1]),
+        (200, "processed".to_owned())
+    );
+    let (status, logs) = server.stop();
+    assert!(status.success(), "{logs}");
+    assert!(logs.contains("lock timeout"), "{logs}");
 }

@@ -91,6 +91,10 @@ pub enum ErrorKind {
     /// The connection itself is broken (an I/O fault under it, a server that went away): also
     /// transient, and the engine replaces the connection before its next transaction.
     ConnectionLost,
+    /// Another transaction's changes conflicted with this one (a deadlock, a serialization
+    /// failure), and the database undid it: transient, and running it again at once usually
+    /// succeeds (the engine does, a few times, before answering 503).
+    Conflict,
     /// Retrying the same thing fails the same way (a constraint, a malformed statement).
     Permanent,
 }
@@ -145,6 +149,11 @@ impl StoreError {
             StoreError::Blocking(_) => true,
             _ => false,
         }
+    }
+
+    /// True for a conflict with another transaction, worth running again at once.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StoreError::Database(e) if e.kind == ErrorKind::Conflict)
     }
 
     /// True when the connection that reported it should be replaced.

@@ -19,6 +19,10 @@ use crate::store::StoreError;
 /// How long one attempt to connect may take, unless the URL sets `connect_timeout`.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a statement waits for a lock another session holds (a row, an advisory lock) before
+/// it fails: SQLite's busy timeout, so that both engines answer a stuck lock alike.
+pub const LOCK_TIMEOUT: Duration = crate::store::sqlite::DEFAULT_BUSY_TIMEOUT;
+
 /// A PostgreSQL database named by a URL.
 #[derive(Clone)]
 pub struct Target {
@@ -31,8 +35,9 @@ impl Target {
     pub fn parse(url: &str) -> Result<Target, StoreError> {
         let mut config = postgres::Config::from_str(url).map_err(|e| {
             StoreError::Unfit(format!(
-                "the database URL {} is not one PostgreSQL accepts: {e}",
-                redact(url)
+                "the database URL {} is not one PostgreSQL accepts: {}",
+                redact(url),
+                crate::telemetry::ErrorChain(&e)
             ))
         })?;
         if config.get_hosts().is_empty() {
@@ -71,7 +76,7 @@ impl Target {
     }
 
     /// Opens a connection and checks that the server keeps commits on disk before it
-    /// acknowledges them (see [`check_durability`]).
+    /// acknowledges them and sets what sekali needs of a session (see [`prepare_session`]).
     pub fn connect(&self) -> Result<Client, StoreError> {
         let mut client = self.config.connect(NoTls).map_err(|e| {
             let reason = match e.as_db_error() {
@@ -83,7 +88,7 @@ impl Target {
                 reason,
             }
         })?;
-        check_durability(&mut client, self)?;
+        prepare_session(&mut client, self)?;
         Ok(client)
     }
 
@@ -102,8 +107,13 @@ impl Target {
 /// flushes its WAL before it answers. `synchronous_commit` is set on for sekali's sessions
 /// whatever the server's default (`off` would acknowledge commits a crash loses); `fsync` cannot
 /// be set per session, so a server running with `fsync=off` is refused.
-fn check_durability(client: &mut Client, target: &Target) -> Result<(), StoreError> {
-    client.batch_execute("SET synchronous_commit = on")?;
+fn prepare_session(client: &mut Client, target: &Target) -> Result<(), StoreError> {
+    // A lock another session holds longer than SQLite's busy timeout fails the statement
+    // (55P03, transient: 503, which providers retry) rather than holding the delivery.
+    client.batch_execute(&format!(
+        "SET synchronous_commit = on; SET lock_timeout = '{}ms'",
+        LOCK_TIMEOUT.as_millis()
+    ))?;
     let fsync: String = client.query_one("SHOW fsync", &[])?.try_get(0)?;
     if fsync != "on" {
         return Err(StoreError::Unfit(format!(
@@ -202,7 +212,7 @@ mod tests {
         let error = Target::parse("postgres://shop:s3cret@db/sekali?sslmod=disable")
             .unwrap_err()
             .to_string();
-        assert!(error.contains("sslmod"), "{error}");
+        assert!(error.contains("unknown option `sslmod`"), "{error}");
         assert!(!error.contains("s3cret"), "{error}");
     }
 }

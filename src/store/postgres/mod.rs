@@ -60,10 +60,11 @@ impl From<postgres::Error> for StoreError {
 /// The kind of an error with SQLSTATE `code`.
 fn classify(code: &str) -> ErrorKind {
     match code {
-        // serialization_failure, deadlock_detected, lock_not_available, query_canceled
-        // (statement_timeout), and class 53: insufficient resources (disk full, out of memory,
-        // too many connections).
-        "40001" | "40P01" | "55P03" | "57014" => ErrorKind::Transient,
+        // serialization_failure, deadlock_detected: worth running again at once.
+        "40001" | "40P01" => ErrorKind::Conflict,
+        // lock_not_available (lock_timeout), query_canceled (statement_timeout), and class 53:
+        // insufficient resources (disk full, out of memory, too many connections).
+        "55P03" | "57014" => ErrorKind::Transient,
         c if c.starts_with("53") => ErrorKind::Transient,
         // Class 08: connection exceptions; 57P01-57P03: admin or crash shutdown, cannot connect
         // now; 25006: read-only transaction (the host became a standby).
@@ -201,8 +202,9 @@ mod tests {
 
     #[test]
     fn sqlstates_map_to_the_kinds_of_store_error() {
-        assert_eq!(classify("40001"), ErrorKind::Transient);
-        assert_eq!(classify("40P01"), ErrorKind::Transient);
+        assert_eq!(classify("40001"), ErrorKind::Conflict);
+        assert_eq!(classify("40P01"), ErrorKind::Conflict);
+        assert_eq!(classify("55P03"), ErrorKind::Transient);
         assert_eq!(classify("53100"), ErrorKind::Transient);
         assert_eq!(classify("08006"), ErrorKind::ConnectionLost);
         assert_eq!(classify("57P01"), ErrorKind::ConnectionLost);

@@ -414,13 +414,15 @@ fn run_batch(
             .for_each(|(work, _)| unrun(work).fail(unavailable));
         return client.is_closed();
     };
-    let optimistic: Result<Vec<Ran>, StoreError> = {
+    // The units' results, or the first failure and whose it was.
+    let optimistic: Result<Vec<Ran>, (usize, StoreError)> = {
         let mut db = Db::new(&mut tx, statements);
         plain
             .iter()
-            .map(|(work, span)| {
+            .enumerate()
+            .map(|(index, (work, span))| {
                 let _entered = span.enter();
-                run_rerunnable(&mut db, work, now_unix, now_ms)
+                run_rerunnable(&mut db, work, now_unix, now_ms).map_err(|e| (index, e))
             })
             .collect()
     };
@@ -433,7 +435,7 @@ fn run_batch(
                 .collect();
             (tx, done, api)
         }
-        Err(e) => {
+        Err((failed, e)) => {
             drop(tx);
             if e.is_connection_lost() {
                 tracing::error!(error = %crate::telemetry::ErrorChain(&e), "the connection was lost during the batch; everything in it gets 503");
@@ -444,6 +446,15 @@ fn run_batch(
                 return true;
             }
             tracing::debug!(error = %crate::telemetry::ErrorChain(&e), "a unit failed: rerunning the batch with a savepoint each");
+            let mut plain = plain;
+            if !e.is_conflict() {
+                // Its own failure (a lock timeout, a constraint): answered now, not waited
+                // for twice. A conflict with another transaction runs again with the rest.
+                let (work, span) = plain.remove(failed);
+                let _entered = span.enter();
+                tracing::error!(error = %crate::telemetry::ErrorChain(&e), "a unit of the batch failed and was rolled back alone");
+                unrun(work).fail(move || clone_kind(&e));
+            }
             let Some(tx) = begin(client) else {
                 plain
                     .into_iter()
@@ -562,6 +573,19 @@ fn unrun(work: Work) -> Done {
     }
 }
 
+/// An error of the same kind and text as `error`, for the one unit it belongs to (an engine's
+/// error cannot be cloned).
+fn clone_kind(error: &StoreError) -> StoreError {
+    let kind = match error {
+        StoreError::Database(e) => e.kind,
+        _ => ErrorKind::Permanent,
+    };
+    StoreError::database(
+        kind,
+        std::io::Error::other(crate::telemetry::ErrorChain(error).to_string()),
+    )
+}
+
 /// The error of work whose transaction did not commit.
 fn unavailable() -> StoreError {
     StoreError::database(
@@ -571,9 +595,9 @@ fn unavailable() -> StoreError {
 }
 
 /// True for the failures a rerun of the same unit can get past: a deadlock, a serialization
-/// failure, a lock or statement timeout.
+/// failure. Not a lock timeout: it bounds how long a delivery waits, and is answered 503.
 fn worth_rerunning(error: &StoreError) -> bool {
-    error.is_transient() && !error.is_connection_lost()
+    error.is_conflict()
 }
 
 /// Runs one unit in a savepoint (again after a deadlock, up to [`TRANSIENT_RERUNS`] times).
