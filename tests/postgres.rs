@@ -685,3 +685,96 @@ fn a_lock_held_elsewhere_past_the_lock_timeout_answers_503_and_then_the_delivery
     assert!(status.success(), "{logs}");
     assert!(logs.contains("lock timeout"), "{logs}");
 }
+
+/// `POST /orders` to the instance on `port` under `key`: its status, whether it was a replay,
+/// and its body.
+fn create_order(agent: &ureq::Agent, port: u16, key: &str, body: &str) -> (u16, bool, String) {
+    let answer = agent
+        .post(&format!("http://127.0.0.1:{port}/orders"))
+        .set("Authorization", "Bearer shop-token-1")
+        .set("Idempotency-Key", key)
+        .set("Content-Type", "application/json")
+        .send_string(body);
+    let response = match answer {
+        Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+        Err(e) => return (0, false, e.to_string()),
+    };
+    let replayed = response.header("Idempotent-Replayed") == Some("true");
+    (
+        response.status(),
+        replayed,
+        response.into_string().unwrap_or_default(),
+    )
+}
+
+#[test]
+fn the_same_order_request_sent_to_two_instances_at_once_runs_once_and_the_other_replays_it() {
+    let Some(cluster) = shared_cluster() else {
+        return;
+    };
+    let database = cluster.fresh_database();
+    let url = cluster.url(&database);
+    let env: Vec<(&str, &str)> = helpers::PROVIDER_ENV
+        .iter()
+        .copied()
+        .chain([("SEKALI_API_TOKENS", "shop:shop-token-1")])
+        .collect();
+    let start = || ServeProcess::start_on(Some(Path::new(&url)), &env, "warn", &["--no-relay"]);
+    let (a, b) = (start(), start());
+    const REQUESTS: usize = 200;
+    let next = AtomicUsize::new(0);
+    let outcomes = Mutex::new(HashMap::<String, usize>::new());
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                let (agent_a, agent_b) = (agent(), agent());
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= REQUESTS {
+                        return;
+                    }
+                    let key = format!("key-{i}");
+                    let body = format!(
+                        r#"{{"order_id": "ord_twice_{i}", "amount": 150000, "currency": "IDR", "provider": "midtrans"}}"#
+                    );
+                    let (first, second) = std::thread::scope(|both| {
+                        let to_a = both.spawn(|| create_order(&agent_a, a.port, &key, &body));
+                        let to_b = both.spawn(|| create_order(&agent_b, b.port, &key, &body));
+                        (to_a.join().unwrap(), to_b.join().unwrap())
+                    });
+                    let mut pair = [
+                        (first.0, first.1),
+                        (second.0, second.1),
+                    ];
+                    pair.sort();
+                    assert_eq!(
+                        pair,
+                        [(201, false), (201, true)],
+                        "request {i}: one runs, the other replays its answer: {first:?} {second:?}"
+                    );
+                    assert_eq!(first.2, second.2, "request {i}: the replay is byte for byte");
+                    *outcomes
+                        .lock()
+                        .unwrap()
+                        .entry(format!("{pair:?}"))
+                        .or_default() += 1;
+                }
+            });
+        }
+    });
+    let rows = |sql: &str| count(cluster, &database, sql);
+    assert_eq!(rows("SELECT count(*) FROM orders"), REQUESTS as i64);
+    assert_eq!(
+        rows("SELECT count(*) FROM idempotency_keys"),
+        REQUESTS as i64
+    );
+    assert_eq!(
+        rows("SELECT count(*) FROM order_transitions"),
+        REQUESTS as i64,
+        "each order created once"
+    );
+    for server in [a, b] {
+        let (status, logs) = server.stop();
+        assert!(status.success(), "{logs}");
+    }
+}
