@@ -14,6 +14,14 @@
 //!   syncing a file says nothing about its name. It is stricter than ext4, which journals
 //!   metadata and in practice often keeps names without a directory sync: code that survives
 //!   this survives ext4.
+//! - **Names kept by `fsync` (opt-in: [`Options::fsync_keeps_names`]).** An `fsync` of a file
+//!   or directory also makes durable the names that lead to it from the root: the entries that
+//!   name it now (its old names, unlinked or renamed away, go), and so on up for the directories
+//!   on the way. POSIX does not promise it; Linux's filesystems do it (ext4 and XFS commit their
+//!   journal up to the inode's creation, with the entry made with it; btrfs logs the new names
+//!   of an fsynced inode and of its new parents), and PostgreSQL counts on it: it syncs no
+//!   directory after creating a relation file, nor `base/` after creating a database's
+//!   directory. Off (the default), only `fsyncdir` makes names durable.
 //! - **The cut** reverts every directory to its durable entries, forgets the inodes no longer
 //!   reachable from the root, and reverts every remaining file to its durable bytes. Unlinked
 //!   inodes are kept until then: a durable entry may still name them (a file replaced by an
@@ -160,12 +168,15 @@ struct State {
     inodes: HashMap<u64, Inode>,
     next_ino: u64,
     ops: BTreeMap<&'static str, u64>,
+    /// [`Options::fsync_keeps_names`].
+    fsync_keeps_names: bool,
 }
 
 impl State {
-    fn new() -> Self {
+    fn new(fsync_keeps_names: bool) -> Self {
         let mut state = State {
             next_ino: ROOT,
+            fsync_keeps_names,
             ..State::default()
         };
         let (uid, gid) = (
@@ -384,13 +395,47 @@ impl State {
         Ok(())
     }
 
-    /// `fsync` of a file or `fsyncdir` of a directory: durable := current.
+    /// `fsync` of a file or `fsyncdir` of a directory: durable := current. With
+    /// [`Options::fsync_keeps_names`], its names too (see [`State::keep_names`]).
     fn sync(&mut self, ino: u64) -> Result<()> {
         match &mut self.node(ino)?.body {
             Body::File(data) => data.sync(),
             Body::Dir(entries) => entries.sync(),
         }
+        if self.fsync_keeps_names {
+            self.keep_names(ino);
+        }
         Ok(())
+    }
+
+    /// Makes `ino`'s names durable as they are now, and those of the directories on the way
+    /// from the root to it: in every directory, the entries that name it now become durable,
+    /// and its durable entries that name it under a name now gone (unlinked, or renamed away)
+    /// are dropped. A durable entry of that name that a rename has since given to another
+    /// inode is left as it is: that is the other inode's name to sync.
+    fn keep_names(&mut self, ino: u64) {
+        let (mut todo, mut done) = (vec![ino], HashSet::new());
+        while let Some(child) = todo.pop() {
+            if !done.insert(child) {
+                continue;
+            }
+            for (&dir, node) in &mut self.inodes {
+                let Body::Dir(d) = &mut node.body else {
+                    continue;
+                };
+                let current = &d.current;
+                d.durable
+                    .retain(|name, &mut i| i != child || current.contains_key(name));
+                let mut named = false;
+                for (name, _) in d.current.iter().filter(|&(_, &i)| i == child) {
+                    d.durable.insert(name.clone(), child);
+                    named = true;
+                }
+                if named {
+                    todo.push(dir);
+                }
+            }
+        }
     }
 
     /// The power cut: see [`LossyMount::cut`].
@@ -689,13 +734,32 @@ impl Filesystem for LossyFs {
     }
 
     fn access(&self, _: &Request, ino: INodeNo, _: AccessFlags, reply: ReplyEmpty) {
-        // No permission checks: tests run as one user.
+        // No permission checks: tests run as one user, or trust every user (`Options::all_users`).
         reply_empty(reply, self.lock("access").node(ino.0).map(|_| ()));
     }
 }
 
 /// Set (to the mount point) in the environment of the test binary started as the server.
 pub const SERVE_ENV: &str = "SEKALI_LOSSYFS_SERVE";
+
+/// Set (to `1`) beside [`SERVE_ENV`] by [`LossyMount::new_for_all`]: the server then mounts for
+/// every user (`allow_other`, fuser's [`SessionACL::All`]), not only for its owner and root.
+pub const ALL_USERS_ENV: &str = "SEKALI_LOSSYFS_ALL_USERS";
+
+/// Set (to `1`) beside [`SERVE_ENV`] for [`Options::fsync_keeps_names`].
+pub const FSYNC_KEEPS_NAMES_ENV: &str = "SEKALI_LOSSYFS_FSYNC_KEEPS_NAMES";
+
+/// How [`LossyMount::with`] mounts; the default is [`LossyMount::new`]'s.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Every user may use the mount, not only this process's user and root (see [`serve`]):
+    /// for a server that runs as a user of its own, such as PostgreSQL.
+    pub all_users: bool,
+    /// An `fsync` of a file or directory also makes durable the names that lead to it from the
+    /// root, as Linux's filesystems do and POSIX does not promise (see the module
+    /// documentation). Off, only `fsync` of a directory makes names durable, its entries'.
+    pub fsync_keeps_names: bool,
+}
 
 /// The server process: mounts an empty [`LossyFs`] on `mount_point`, says `ready` on standard
 /// output, then answers one line per request read from standard input (`cut`: the
@@ -708,16 +772,30 @@ pub const SERVE_ENV: &str = "SEKALI_LOSSYFS_SERVE";
 /// is not connected") behind. fuser allows that only with `allow_other`, and then serves the
 /// owner and root only. Without `fusermount3`, it mounts directly (as root), without
 /// `auto_unmount`.
+///
+/// With [`ALL_USERS_ENV`] set, it serves every user, both ways (`allow_other`, which root may
+/// ask for without `user_allow_other` in `/etc/fuse.conf`): for a server such as PostgreSQL that
+/// runs as a user of its own. The filesystem checks no permissions (see `access`), and the kernel
+/// checks none either (no `default_permissions`), so such a user can do anything on it.
 pub fn serve(mount_point: &Path) -> io::Result<()> {
-    let state = Arc::new(Mutex::new(State::new()));
+    let fsync_keeps_names = std::env::var_os(FSYNC_KEEPS_NAMES_ENV).is_some();
+    let state = Arc::new(Mutex::new(State::new(fsync_keeps_names)));
+    let all_users = std::env::var_os(ALL_USERS_ENV).is_some();
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName("sekali-lossyfs".into()),
         MountOption::Subtype("lossyfs".into()),
     ];
+    if all_users {
+        config.acl = SessionACL::All;
+    }
     let mut auto_unmount = config.clone();
     auto_unmount.mount_options.push(MountOption::AutoUnmount);
-    auto_unmount.acl = SessionACL::RootAndOwner;
+    auto_unmount.acl = if all_users {
+        SessionACL::All
+    } else {
+        SessionACL::RootAndOwner
+    };
     let session = fuser::spawn_mount(LossyFs(state.clone()), mount_point, &auto_unmount)
         .or_else(|_| fuser::spawn_mount(LossyFs(state.clone()), mount_point, &config))?;
     let lock = || state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -781,10 +859,36 @@ impl LossyMount {
     /// child process (see [`serve`]). Needs `/dev/fuse`, and root or the `fusermount3` helper
     /// (Debian's `fuse3`).
     pub fn new() -> io::Result<Self> {
+        Self::with(Options::default())
+    }
+
+    /// Like [`new`](Self::new), but every user may use the mount, not only this process's user
+    /// and root (see [`serve`]): for PostgreSQL, which runs as the `postgres` user. The mount's
+    /// root is owned by this process's user, mode 0755; `chown` it for another.
+    pub fn new_for_all() -> io::Result<Self> {
+        Self::with(Options {
+            all_users: true,
+            ..Options::default()
+        })
+    }
+
+    /// Like [`new`](Self::new), with `options`.
+    pub fn with(options: Options) -> io::Result<Self> {
         let dir = tempfile::Builder::new().prefix("lossyfs-").tempdir()?;
         let path = dir.path().canonicalize()?;
-        let mut server = Command::new(std::env::current_exe()?)
-            .env(SERVE_ENV, &path)
+        let mut command = Command::new(std::env::current_exe()?);
+        command.env(SERVE_ENV, &path);
+        for (set, name) in [
+            (options.all_users, ALL_USERS_ENV),
+            (options.fsync_keeps_names, FSYNC_KEEPS_NAMES_ENV),
+        ] {
+            if set {
+                command.env(name, "1");
+            } else {
+                command.env_remove(name);
+            }
+        }
+        let mut server = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;
