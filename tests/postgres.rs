@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 #[allow(dead_code)]
 #[path = "api/helpers.rs"]
@@ -37,43 +37,15 @@ fn shared_cluster() -> Option<&'static Cluster> {
     cluster
 }
 
-fn now_unix() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
-
 fn agent() -> ureq::Agent {
     ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(30))
         .build()
 }
 
-/// Posts a signed Stripe delivery to the instance on `port`: its status and `status` field
-/// (or what went wrong), as a provider sees it.
+/// Posts a signed Stripe delivery to the instance on `port` (see [`helpers::deliver_stripe`]).
 fn deliver(agent: &ureq::Agent, port: u16, body: &[u8]) -> (u16, String) {
-    let header = helpers::stripe_header(body, now_unix());
-    let answer = agent
-        .post(&format!("http://127.0.0.1:{port}/webhooks/stripe"))
-        .set("Stripe-Signature", &header)
-        .set("Content-Type", "application/json")
-        .send_bytes(body);
-    let (status, text) = match answer {
-        Ok(response) => (
-            response.status(),
-            response.into_string().unwrap_or_default(),
-        ),
-        Err(ureq::Error::Status(code, response)) => {
-            (code, response.into_string().unwrap_or_default())
-        }
-        Err(e) => return (0, e.to_string()),
-    };
-    let outcome = serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| v["status"].as_str().map(str::to_owned))
-        .unwrap_or(text);
-    (status, outcome)
+    helpers::deliver_stripe(agent, port, body)
 }
 
 /// `sekali serve --db URL` with the tests' providers.

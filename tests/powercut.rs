@@ -1529,51 +1529,16 @@ mod pg {
     use std::fs;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
-    use std::path::{Path, PathBuf};
+    use std::path::PathBuf;
     use std::process::{Command, Output, Stdio};
     use std::time::{Duration, Instant};
 
     use super::lossyfs::LossyMount;
 
-    /// The directory holding `initdb`, `pg_ctl` and `postgres`: `$SEKALI_PG_BIN`, else
-    /// `pg_config --bindir`, else the newest `/usr/lib/postgresql/*/bin`.
-    fn find_bindir() -> Option<PathBuf> {
-        const PROGRAMS: [&str; 3] = ["initdb", "pg_ctl", "postgres"];
-        let complete = |dir: &Path| PROGRAMS.iter().all(|p| dir.join(p).is_file());
-        if let Some(dir) = std::env::var_os("SEKALI_PG_BIN").map(PathBuf::from) {
-            assert!(
-                complete(&dir),
-                "SEKALI_PG_BIN={} lacks initdb, pg_ctl or postgres",
-                dir.display()
-            );
-            return Some(dir);
-        }
-        if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
-            let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-            if out.status.success() && complete(&dir) {
-                return Some(dir);
-            }
-        }
-        let mut found: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
-            .ok()?
-            .flatten()
-            .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
-            .filter(|(_, dir)| complete(dir))
-            .collect();
-        found.sort();
-        found.pop().map(|(_, dir)| dir)
-    }
-
     /// The server binaries, or `None` after printing the skip note when PostgreSQL is not
     /// installed (a panic with `SEKALI_REQUIRE_POSTGRES=1`).
     pub fn bindir_or_skip() -> Option<PathBuf> {
-        let bin = find_bindir();
-        let required = std::env::var("SEKALI_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
-        assert!(
-            bin.is_some() || !required,
-            "SEKALI_REQUIRE_POSTGRES=1, but no PostgreSQL server was found ($SEKALI_PG_BIN, \
-             `pg_config --bindir`, /usr/lib/postgresql/*/bin): `apt-get install postgresql`"
-        );
+        let bin = super::helpers::pg_cluster::bindir_or_skip();
         if bin.is_none() {
             eprintln!("{}", super::helpers::pg_cluster::skip_note());
         }
@@ -2002,7 +1967,7 @@ fn power_cuts_under_load_on_postgres_lose_no_acknowledged_delivery() {
     use std::collections::{BTreeMap, HashSet};
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Mutex;
-    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+    use std::time::Instant;
 
     const EVENTS: usize = 20_000; // more than are sent
     const CUTS: usize = 3;
@@ -2015,33 +1980,6 @@ fn power_cuts_under_load_on_postgres_lose_no_acknowledged_delivery() {
         fn drop(&mut self) {
             self.0.store(true, Ordering::SeqCst);
         }
-    }
-
-    fn deliver(agent: &ureq::Agent, port: u16, body: &[u8]) -> (u16, String) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64;
-        let answer = agent
-            .post(&format!("http://127.0.0.1:{port}/webhooks/stripe"))
-            .set("Stripe-Signature", &helpers::stripe_header(body, now))
-            .set("Content-Type", "application/json")
-            .send_bytes(body);
-        let (status, text) = match answer {
-            Ok(response) => (
-                response.status(),
-                response.into_string().unwrap_or_default(),
-            ),
-            Err(ureq::Error::Status(code, response)) => {
-                (code, response.into_string().unwrap_or_default())
-            }
-            Err(e) => return (0, e.to_string()),
-        };
-        let outcome = serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| v["status"].as_str().map(str::to_owned))
-            .unwrap_or(text);
-        (status, outcome)
     }
 
     let event_id = |i: usize| format!("evt_cut_{i:02}");
@@ -2098,7 +2036,7 @@ fn power_cuts_under_load_on_postgres_lose_no_acknowledged_delivery() {
                 while !stop.load(Ordering::SeqCst) {
                     let i = next.fetch_add(1, Ordering::SeqCst);
                     let Some(body) = bodies.get(i) else { return };
-                    let (status, outcome) = deliver(&agent, server.port, body);
+                    let (status, outcome) = helpers::deliver_stripe(&agent, server.port, body);
                     *answers.lock().unwrap().entry(status).or_default() += 1;
                     if status == 200 {
                         assert!(
@@ -2191,7 +2129,7 @@ fn power_cuts_under_load_on_postgres_lose_no_acknowledged_delivery() {
     for &i in &refused {
         let mut tries = 0;
         let (status, outcome) = loop {
-            let (status, outcome) = deliver(&agent, server.port, &bodies[i]);
+            let (status, outcome) = helpers::deliver_stripe(&agent, server.port, &bodies[i]);
             if status == 200 || tries == 100 {
                 break (status, outcome);
             }

@@ -1,6 +1,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix_web::dev::ServerHandle;
 use rusqlite::{Connection, OpenFlags};
@@ -967,4 +967,37 @@ pub fn read_answer(stream: &mut std::net::TcpStream, done: impl Fn(&[u8]) -> boo
         }
     }
     String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Posts a signed Stripe delivery to the instance on `port`: its status and `status` field
+/// (or what went wrong), as a provider sees it.
+#[allow(dead_code)] // by postgres.rs and powercut.rs
+pub fn deliver_stripe(agent: &ureq::Agent, port: u16, body: &[u8]) -> (u16, String) {
+    let header = stripe_header(
+        body,
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64,
+    );
+    let answer = agent
+        .post(&format!("http://127.0.0.1:{port}/webhooks/stripe"))
+        .set("Stripe-Signature", &header)
+        .set("Content-Type", "application/json")
+        .send_bytes(body);
+    let (status, text) = match answer {
+        Ok(response) => (
+            response.status(),
+            response.into_string().unwrap_or_default(),
+        ),
+        Err(ureq::Error::Status(code, response)) => {
+            (code, response.into_string().unwrap_or_default())
+        }
+        Err(e) => return (0, e.to_string()),
+    };
+    let outcome = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v["status"].as_str().map(str::to_owned))
+        .unwrap_or(text);
+    (status, outcome)
 }

@@ -50,7 +50,7 @@ pub fn shared() -> Option<&'static Cluster> {
 }
 
 /// The directory holding `initdb`, `pg_ctl`, `postgres` and `psql`, if there is one.
-fn find_bindir() -> Option<PathBuf> {
+pub fn find_bindir() -> Option<PathBuf> {
     const PROGRAMS: [&str; 4] = ["initdb", "pg_ctl", "postgres", "psql"];
     let complete = |dir: &Path| PROGRAMS.iter().all(|p| dir.join(p).is_file());
     if let Some(dir) = std::env::var_os("SEKALI_PG_BIN").map(PathBuf::from) {
@@ -79,7 +79,7 @@ fn find_bindir() -> Option<PathBuf> {
 }
 
 /// [`find_bindir`], or `None` when PostgreSQL is not installed (a panic if it is required).
-fn bindir_or_skip() -> Option<PathBuf> {
+pub fn bindir_or_skip() -> Option<PathBuf> {
     let bin = find_bindir();
     let required = std::env::var("SEKALI_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
     assert!(
