@@ -750,3 +750,30 @@ fn the_same_order_request_sent_to_two_instances_at_once_runs_once_and_the_other_
         assert!(status.success(), "{logs}");
     }
 }
+
+/// Both schemas give each table the same columns in the same order (PostgreSQL's
+/// `processed_events` its `rowid` last, SQLite's implicit): what a copy between them relies on.
+#[test]
+fn the_postgresql_schema_has_every_table_and_column_of_the_sqlite_one() {
+    let Some(cluster) = shared_cluster() else {
+        return;
+    };
+    let database = cluster.fresh_database();
+    let (status, logs) = serve(&cluster.url(&database), &["--no-relay"]).stop();
+    assert!(status.success(), "{logs}");
+    for (table, columns) in sekali::store::copy::TABLES {
+        let listed = cluster.psql(
+            &database,
+            &format!(
+                "SELECT string_agg(column_name, ',' ORDER BY ordinal_position) \
+                 FROM information_schema.columns WHERE table_name = '{table}'"
+            ),
+        );
+        let mut expected: Vec<&str> = columns.to_vec();
+        if *table == "processed_events" {
+            expected.remove(0);
+            expected.push("rowid");
+        }
+        assert_eq!(listed.trim(), expected.join(","), "{table}");
+    }
+}

@@ -132,3 +132,43 @@ pub fn page_count(path: &Path) -> Result<i64, StoreError> {
     let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     Ok(conn.query_row("PRAGMA page_count", [], |row| row.get(0))?)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::store::copy::TABLES;
+
+    /// A copy moves every column: the shared table list names each of the schema's tables with
+    /// all of its columns, in order (and `processed_events` its rowid first), so that a column
+    /// added to the schema and not to the list fails here rather than vanish in a copy.
+    #[test]
+    fn the_copy_names_every_table_and_column_of_the_schema() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch(super::super::schema::SCHEMA_SQL)
+            .unwrap();
+        let tables: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let mut listed: Vec<&str> = TABLES.iter().map(|(table, _)| *table).collect();
+        listed.sort_unstable();
+        assert_eq!(tables, listed);
+        for (table, columns) in TABLES {
+            let mut schema: Vec<String> = conn
+                .prepare(&format!(
+                    "SELECT name FROM pragma_table_info('{table}') ORDER BY cid"
+                ))
+                .unwrap()
+                .query_map([], |row| row.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            if *table == "processed_events" {
+                schema.insert(0, "rowid".into());
+            }
+            assert_eq!(&schema, columns, "{table}");
+        }
+    }
+}
