@@ -20,6 +20,7 @@ pub mod copy;
 pub(crate) mod counters;
 mod location;
 pub mod model;
+pub(crate) mod payments;
 pub mod postgres;
 pub mod sqlite;
 

@@ -7,43 +7,11 @@
 use rusqlite::{params, OptionalExtension};
 
 use super::statements::Statements;
-use crate::clock::iso_seconds;
 use crate::domain::ledger::{
-    Attempt, Dispute, DisputeStage, OrderPayment, PaymentFacts, Refund, RefundState,
-    RefundedSnapshot,
+    Attempt, Dispute, DisputeStage, PaymentFacts, Refund, RefundState, RefundedSnapshot,
 };
-
-/// A payment as stored: the order it is linked to, and its facts.
-#[derive(Debug, Clone)]
-pub struct StoredPayment {
-    pub reference: String,
-    pub order_id: Option<String>,
-    pub facts: PaymentFacts,
-}
-
-/// The payments of an order as the ledger's `compute` reads them.
-pub fn views(payments: &[(String, StoredPayment)]) -> Vec<OrderPayment<'_>> {
-    payments
-        .iter()
-        .map(|(provider, stored)| OrderPayment {
-            provider,
-            reference: &stored.reference,
-            facts: &stored.facts,
-        })
-        .collect()
-}
-
-/// A time the ledger keeps (Unix seconds, 0 for unknown) as the schema's text, NULL for unknown.
-fn time_text(at: i64) -> Option<String> {
-    (at != 0).then(|| iso_seconds(at))
-}
-
-/// The schema's text back to Unix seconds, 0 for NULL or unreadable.
-fn time_of(text: Option<String>) -> i64 {
-    text.and_then(|t| humantime::parse_rfc3339(&t).ok())
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs() as i64)
-}
+use crate::store::payments::{time_of, time_text};
+pub use crate::store::payments::{views, StoredPayment};
 
 /// The payment `reference` names: the one it is an alias of, else itself.
 pub fn canonical(
