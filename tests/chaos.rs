@@ -576,7 +576,7 @@ fn crash_chaos_loses_nothing_and_applies_nothing_twice() {
 
     // Before any redelivery: what the kills did.
     let acked_phase1: Vec<bool> = acked.iter().map(|a| a.load(Ordering::SeqCst)).collect();
-    let stored = stored_event_ids(&mut Connection::open(&db).unwrap());
+    let stored = stored_event_ids(&helpers::Database::File(db.clone()));
     let Damage {
         lost,
         recovered,
@@ -633,13 +633,14 @@ fn crash_chaos_loses_nothing_and_applies_nothing_twice() {
     }
     server.lock().unwrap().stop();
 
-    let mut conn = Connection::open(&db).unwrap();
+    let conn = Connection::open(&db).unwrap();
     let check: String = conn
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap();
     assert_eq!(check, "ok");
-    let report = check_invariants(&mut conn, &events, &orders);
-    let emails = check_emails(&mut conn, &dir.path().join("mail"));
+    let database = helpers::Database::File(db.clone());
+    let report = check_invariants(&database, &events, &orders);
+    let emails = check_emails(&database, &dir.path().join("mail"));
     println!(
         "crash chaos: {} events ({} orders), {} deliveries from {SENDERS} senders, {kills} SIGKILLs, seed {seed:#x}\n\
          phase 1: {:.1}s, {} acknowledged, {unacked} not acknowledged\n\
@@ -784,10 +785,9 @@ fn crash_chaos_on_postgres_with_two_instances_loses_nothing_and_applies_nothing_
     let phase1 = started.elapsed();
 
     // Before any redelivery: what the kills did.
-    let mut pg = postgres::Client::connect(&url, postgres::NoTls)
-        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    let pg = helpers::Database::Server(url.clone());
     let acked_phase1: Vec<bool> = acked.iter().map(|a| a.load(Ordering::SeqCst)).collect();
-    let damage = kill_damage(&events, &acked_phase1, &stored_event_ids(&mut pg));
+    let damage = kill_damage(&events, &acked_phase1, &stored_event_ids(&pg));
 
     // Phase 2: redeliver everything not acknowledged, until it is: first to the instance its
     // first delivery did not go to, then to each in turn.
@@ -818,7 +818,7 @@ fn crash_chaos_on_postgres_with_two_instances_loses_nothing_and_applies_nothing_
     let drain_deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let pending = count(
-            &mut pg,
+            &pg,
             "SELECT count(*) FROM email_outbox WHERE status = 'pending'",
         );
         if pending == 0 {
@@ -833,11 +833,11 @@ fn crash_chaos_on_postgres_with_two_instances_loses_nothing_and_applies_nothing_
     a.lock().unwrap().stop();
     b.stop();
 
-    let report = check_invariants(&mut pg, &events, &orders);
+    let report = check_invariants(&pg, &events, &orders);
     let logs = [&log_a, &log_b]
         .map(|log| std::fs::read_to_string(log).unwrap())
         .join("");
-    let emails = check_emails_in_two_dirs(&mut pg, [&mail_a, &mail_b], &deaths_of_a, &logs);
+    let emails = check_emails_in_two_dirs(&pg, [&mail_a, &mail_b], &deaths_of_a, &logs);
     println!(
         "crash chaos on PostgreSQL: {} events ({} orders), {} deliveries from {SENDERS} senders to two instances \
          ({} to A, {} to B, {} of them sent again to the other after a failure), {kills} SIGKILLs of A, seed {seed:#x}\n\
@@ -888,57 +888,6 @@ fn crash_chaos_on_postgres_with_two_instances_loses_nothing_and_applies_nothing_
 // ---------------------------------------------------------------------------------------------
 // The checks, on either engine
 
-/// The reads the checks make, which both engines answer: every row of `sql` (one statement, in
-/// SQL both run), each value as text (an integer in decimal), NULL as `None`.
-trait Db {
-    fn rows(&mut self, sql: &str) -> Vec<Vec<Option<String>>>;
-}
-
-impl Db for Connection {
-    fn rows(&mut self, sql: &str) -> Vec<Vec<Option<String>>> {
-        use rusqlite::types::ValueRef;
-        let mut statement = self.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let columns = statement.column_count();
-        let rows = statement.query_map([], |row| {
-            (0..columns)
-                .map(|i| {
-                    Ok(match row.get_ref(i)? {
-                        ValueRef::Null => None,
-                        ValueRef::Integer(n) => Some(n.to_string()),
-                        ValueRef::Real(x) => Some(x.to_string()),
-                        ValueRef::Text(t) | ValueRef::Blob(t) => {
-                            Some(String::from_utf8_lossy(t).into_owned())
-                        }
-                    })
-                })
-                .collect()
-        });
-        rows.and_then(Iterator::collect)
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-    }
-}
-
-/// The `postgres` crate's blocking client: the checks run on the test's own threads, outside
-/// any async runtime. The simple query protocol answers every value as text.
-impl Db for postgres::Client {
-    fn rows(&mut self, sql: &str) -> Vec<Vec<Option<String>>> {
-        let messages = self
-            .simple_query(sql)
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        messages
-            .into_iter()
-            .filter_map(|message| match message {
-                postgres::SimpleQueryMessage::Row(row) => Some(
-                    (0..row.len())
-                        .map(|i| row.get(i).map(str::to_owned))
-                        .collect(),
-                ),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
 /// A value that is not NULL.
 fn text(value: &Option<String>) -> String {
     value.clone().expect("a value, not NULL")
@@ -951,8 +900,8 @@ fn int(value: &Option<String>) -> i64 {
 }
 
 /// The one number `sql` answers (`count(*)`: an integer in SQLite, a bigint in PostgreSQL).
-fn count(db: &mut dyn Db, sql: &str) -> i64 {
-    let rows = db.rows(sql);
+fn count(db: &helpers::Database, sql: &str) -> i64 {
+    let rows = db.query(sql);
     assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
     int(&rows[0][0])
 }
@@ -991,8 +940,8 @@ fn kill_damage(events: &[Event], acked: &[bool], stored: &HashSet<(Provider, Str
 
 /// Every outbox row with a recipient ends `sent` (the others `skipped`: the Midtrans events carry
 /// no address). Their keys.
-fn sent_email_keys(db: &mut dyn Db) -> Vec<String> {
-    let rows = db.rows(
+fn sent_email_keys(db: &helpers::Database) -> Vec<String> {
+    let rows = db.query(
         "SELECT idempotency_key, status, attempts FROM email_outbox
          WHERE status <> 'skipped' OR recipient IS NOT NULL",
     );
@@ -1047,7 +996,7 @@ fn eml_files(mail: &Path) -> HashMap<String, PathBuf> {
 /// Every outbox row with a recipient ends `sent`, and each sent row has its file, whole and
 /// naming the row's key (a kill between a file and its row's `sent` means the file is written
 /// again: the documented at-least-once resend). Returns how many were sent.
-fn check_emails(db: &mut dyn Db, mail: &Path) -> usize {
+fn check_emails(db: &helpers::Database, mail: &Path) -> usize {
     let keys = sent_email_keys(db);
     for key in &keys {
         check_eml(&mail.join(format!("{key}.eml")), key);
@@ -1079,7 +1028,7 @@ struct Emails {
 /// a relay's log (`logs`) saying its lease on the row ran out before it recorded the result.
 /// Anything else is one email sent by two relays.
 fn check_emails_in_two_dirs(
-    db: &mut dyn Db,
+    db: &helpers::Database,
     mail: [&Path; 2],
     deaths_of_a: &[SystemTime],
     logs: &str,
@@ -1142,7 +1091,7 @@ struct Report {
     outbox: usize,
 }
 
-fn check_invariants(db: &mut dyn Db, events: &[Event], orders: &[ExpectedOrder]) -> Report {
+fn check_invariants(db: &helpers::Database, events: &[Event], orders: &[ExpectedOrder]) -> Report {
     // Exactly one row per event id (the primary key forbids more; none may be missing).
     let stored = stored_event_ids(db);
     assert_eq!(
@@ -1165,7 +1114,7 @@ fn check_invariants(db: &mut dyn Db, events: &[Event], orders: &[ExpectedOrder])
 
     // Final state equals in-order processing.
     let stored_orders: HashMap<String, (String, i64)> = db
-        .rows("SELECT order_id, status, refunded_amount FROM orders")
+        .query("SELECT order_id, status, refunded_amount FROM orders")
         .iter()
         .map(|row| (text(&row[0]), (text(&row[1]), int(&row[2]))))
         .collect();
@@ -1183,7 +1132,7 @@ fn check_invariants(db: &mut dyn Db, events: &[Event], orders: &[ExpectedOrder])
 
     // Transitions form one chain per order, ending in the order's status.
     let transitions: Vec<Transition> = db
-        .rows(
+        .query(
             "SELECT order_id, from_status, to_status, refunded_amount, event_id
              FROM order_transitions ORDER BY order_id, id",
         )
@@ -1238,7 +1187,7 @@ fn check_invariants(db: &mut dyn Db, events: &[Event], orders: &[ExpectedOrder])
     // payment-failed notice when the order failed; nothing else, and nothing twice. (The
     // params are JSON text on both engines, read here rather than with an engine's function.)
     let outbox: Vec<(String, String, i64)> = db
-        .rows("SELECT order_id, template, params FROM email_outbox ORDER BY id")
+        .query("SELECT order_id, template, params FROM email_outbox ORDER BY id")
         .iter()
         .map(|r| {
             let params: serde_json::Value = serde_json::from_str(&text(&r[2])).unwrap();
@@ -1296,8 +1245,8 @@ fn check_invariants(db: &mut dyn Db, events: &[Event], orders: &[ExpectedOrder])
     }
 }
 
-fn stored_event_ids(db: &mut dyn Db) -> HashSet<(Provider, String)> {
-    db.rows("SELECT provider, event_id FROM processed_events")
+fn stored_event_ids(db: &helpers::Database) -> HashSet<(Provider, String)> {
+    db.query("SELECT provider, event_id FROM processed_events")
         .iter()
         .map(|row| {
             let provider = if text(&row[0]) == "stripe" {
