@@ -368,10 +368,14 @@ impl RelayArgs {
         crate::mail::transport::MailConfig,
     ) {
         let mail = crate::mail::transport::MailConfig::from_env(self.mail_dir, self.relay_timeout);
+        // Host and process for the operator to read (`outbox list` shows it), and a random
+        // part: instances on one PostgreSQL database must never share an owner, and two
+        // containers' processes can have the same host name (unset) and the same pid.
         let owner = format!(
-            "{}:{}",
+            "{}:{}:{:08x}",
             std::env::var("HOSTNAME").unwrap_or_else(|_| "sekali".into()),
-            std::process::id()
+            std::process::id(),
+            fastrand::u32(..)
         );
         let config = crate::jobs::relay::RelayConfig {
             db,
