@@ -1,9 +1,14 @@
-//! The writers' counters, the same for every engine.
+//! What every engine's writer shares: its counters, and the answers it holds until COMMIT.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::model::WriterStats;
-use super::CommitFaults;
+use tokio::sync::oneshot;
+
+use super::model::{ClaimedEmail, IdempotentOutcome, WriterStats};
+use super::{CommitFaults, Outcome, StoreError, WriteError};
+
+/// Where a unit of work's answer goes.
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
 
 /// What an engine's writer has done since it started: for `/healthz`, and for tests that must
 /// know that deliveries shared a transaction. One per store, whatever its engine.
@@ -38,6 +43,62 @@ impl WriterCounters {
             outbox_results: get(&self.outbox_results),
             reopens: get(&self.reopens),
             connections_opened: get(&self.connections_opened),
+        }
+    }
+}
+
+/// Work done inside the open transaction, waiting for COMMIT before it is answered.
+pub(crate) enum Done {
+    Delivery(Reply<Outcome>, Result<Outcome, StoreError>),
+    Idempotent(
+        Reply<IdempotentOutcome>,
+        Result<IdempotentOutcome, StoreError>,
+    ),
+    OutboxClaim(
+        Reply<Vec<ClaimedEmail>>,
+        Result<Vec<ClaimedEmail>, StoreError>,
+    ),
+    OutboxResults(Reply<Vec<bool>>, Result<Vec<bool>, StoreError>),
+}
+
+impl Done {
+    /// Sends the result. The caller may have gone (client disconnected); committed work stays
+    /// committed, and a retry finds it (a duplicate, or the stored response).
+    pub(crate) fn answer(self) {
+        match self {
+            Done::Delivery(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
+            Done::Idempotent(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
+            Done::OutboxClaim(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
+            Done::OutboxResults(reply, result) => {
+                drop(reply.send(result.map_err(WriteError::from)))
+            }
+        }
+    }
+
+    /// Answers with `error` (a 503 to the caller): the transaction holding this work did not
+    /// commit.
+    pub(crate) fn fail(self, error: impl Fn() -> StoreError) {
+        match self {
+            Done::Delivery(reply, _) => Done::Delivery(reply, Err(error())).answer(),
+            Done::Idempotent(reply, _) => Done::Idempotent(reply, Err(error())).answer(),
+            Done::OutboxClaim(reply, _) => Done::OutboxClaim(reply, Err(error())).answer(),
+            Done::OutboxResults(reply, _) => Done::OutboxResults(reply, Err(error())).answer(),
+        }
+    }
+
+    /// Counts what this committed work did.
+    pub(crate) fn count(&self, counters: &WriterCounters) {
+        match self {
+            Done::Delivery(_, Ok(_)) => WriterCounters::add(&counters.deliveries, 1),
+            Done::OutboxClaim(_, Ok(rows)) => {
+                WriterCounters::add(&counters.outbox_claims, 1);
+                WriterCounters::add(&counters.outbox_claimed_rows, rows.len());
+            }
+            Done::OutboxResults(_, Ok(recorded)) => {
+                WriterCounters::add(&counters.outbox_result_batches, 1);
+                WriterCounters::add(&counters.outbox_results, recorded.len());
+            }
+            _ => {}
         }
     }
 }

@@ -22,7 +22,7 @@ use tracing::Span;
 use super::{events, idempotency, outbox, purge, Db, Statements, StoreError, Target};
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderRef, Outcome};
-use crate::store::counters::WriterCounters;
+use crate::store::counters::{Done, Reply, WriterCounters};
 use crate::store::model::{
     ClaimRequest, ClaimedEmail, IdempotentOutcome, Purged, SendResult, WriterStats,
 };
@@ -53,8 +53,6 @@ pub struct WriterConfig {
     pub commit_faults: CommitFaults,
 }
 
-type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
-
 // A delivery carries its event inline: every `Work` travels boxed in its `Job` already.
 #[allow(clippy::large_enum_variant)]
 enum Work {
@@ -76,58 +74,6 @@ enum Work {
         results: Vec<SendResult>,
         reply: Reply<Vec<bool>>,
     },
-}
-
-/// A unit's answer, held until COMMIT.
-enum Done {
-    Delivery(Reply<Outcome>, Result<Outcome, StoreError>),
-    Idempotent(
-        Reply<IdempotentOutcome>,
-        Result<IdempotentOutcome, StoreError>,
-    ),
-    OutboxClaim(
-        Reply<Vec<ClaimedEmail>>,
-        Result<Vec<ClaimedEmail>, StoreError>,
-    ),
-    OutboxResults(Reply<Vec<bool>>, Result<Vec<bool>, StoreError>),
-}
-
-impl Done {
-    fn answer(self) {
-        match self {
-            Done::Delivery(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
-            Done::Idempotent(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
-            Done::OutboxClaim(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
-            Done::OutboxResults(reply, result) => {
-                drop(reply.send(result.map_err(WriteError::from)))
-            }
-        }
-    }
-
-    /// Answers with `error`: the transaction holding this work did not commit.
-    fn fail(self, error: impl Fn() -> StoreError) {
-        match self {
-            Done::Delivery(reply, _) => Done::Delivery(reply, Err(error())).answer(),
-            Done::Idempotent(reply, _) => Done::Idempotent(reply, Err(error())).answer(),
-            Done::OutboxClaim(reply, _) => Done::OutboxClaim(reply, Err(error())).answer(),
-            Done::OutboxResults(reply, _) => Done::OutboxResults(reply, Err(error())).answer(),
-        }
-    }
-
-    fn count(&self, counters: &WriterCounters) {
-        match self {
-            Done::Delivery(_, Ok(_)) => WriterCounters::add(&counters.deliveries, 1),
-            Done::OutboxClaim(_, Ok(rows)) => {
-                WriterCounters::add(&counters.outbox_claims, 1);
-                WriterCounters::add(&counters.outbox_claimed_rows, rows.len());
-            }
-            Done::OutboxResults(_, Ok(recorded)) => {
-                WriterCounters::add(&counters.outbox_result_batches, 1);
-                WriterCounters::add(&counters.outbox_results, recorded.len());
-            }
-            _ => {}
-        }
-    }
 }
 
 enum Job {

@@ -42,7 +42,7 @@ use super::statements::Statements;
 use super::{open_for_writing, purge, StoreError};
 use crate::clock::SharedClock;
 use crate::domain::NormalizedEvent;
-use crate::store::counters::WriterCounters;
+use crate::store::counters::{Done, Reply, WriterCounters};
 use crate::store::model::{
     ClaimRequest, ClaimedEmail, IdempotentOutcome, Purged, SendResult, WriterStats,
 };
@@ -66,8 +66,6 @@ pub struct WriterConfig {
     /// Commits to fail on purpose (the conformance suite's "fail the next commit").
     pub commit_faults: CommitFaults,
 }
-
-type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
 
 /// The writer is busy when it has committed deliveries at this rate or more over the last
 /// [`BUSY_WINDOW`] (or when they queue for it: [`BUSY_BATCH_DELIVERIES`]): relay claims then
@@ -158,65 +156,6 @@ impl Work {
     fn failed_alone(self, error: StoreError) -> Done {
         log_failure_alone(&self, &error);
         self.failed(error)
-    }
-}
-
-/// Work done inside the open transaction, waiting for COMMIT before it is answered.
-enum Done {
-    Delivery(Reply<Outcome>, Result<Outcome, StoreError>),
-    Idempotent(
-        Reply<IdempotentOutcome>,
-        Result<IdempotentOutcome, StoreError>,
-    ),
-    OutboxClaim(
-        Reply<Vec<ClaimedEmail>>,
-        Result<Vec<ClaimedEmail>, StoreError>,
-    ),
-    OutboxResults(Reply<Vec<bool>>, Result<Vec<bool>, StoreError>),
-}
-
-impl Done {
-    /// Sends the result. The caller may have gone (client disconnected); committed work stays
-    /// committed, and a retry finds it (a duplicate, or the stored response).
-    fn answer(self) {
-        match self {
-            Done::Delivery(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
-            Done::Idempotent(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
-            Done::OutboxClaim(reply, result) => drop(reply.send(result.map_err(WriteError::from))),
-            Done::OutboxResults(reply, result) => {
-                drop(reply.send(result.map_err(WriteError::from)))
-            }
-        }
-    }
-
-    /// Answers 503: the transaction holding this work did not commit.
-    fn fail(self) {
-        match self {
-            Done::Delivery(reply, _) => Done::Delivery(reply, Err(transaction_lost())).answer(),
-            Done::Idempotent(reply, _) => Done::Idempotent(reply, Err(transaction_lost())).answer(),
-            Done::OutboxClaim(reply, _) => {
-                Done::OutboxClaim(reply, Err(transaction_lost())).answer()
-            }
-            Done::OutboxResults(reply, _) => {
-                Done::OutboxResults(reply, Err(transaction_lost())).answer()
-            }
-        }
-    }
-
-    /// Counts what this committed work did.
-    fn count(&self, counters: &WriterCounters) {
-        match self {
-            Done::Delivery(_, Ok(_)) => WriterCounters::add(&counters.deliveries, 1),
-            Done::OutboxClaim(_, Ok(rows)) => {
-                WriterCounters::add(&counters.outbox_claims, 1);
-                WriterCounters::add(&counters.outbox_claimed_rows, rows.len());
-            }
-            Done::OutboxResults(_, Ok(recorded)) => {
-                WriterCounters::add(&counters.outbox_result_batches, 1);
-                WriterCounters::add(&counters.outbox_results, recorded.len());
-            }
-            _ => {}
-        }
     }
 }
 
@@ -757,7 +696,7 @@ fn abandon(conn: &Connection, done: Vec<Done>, broken: StoreError) -> bool {
     if !conn.is_autocommit() {
         let _ = conn.execute_batch("ROLLBACK");
     }
-    done.into_iter().for_each(Done::fail);
+    done.into_iter().for_each(|d| d.fail(transaction_lost));
     broken.is_connection_lost()
 }
 
@@ -820,7 +759,7 @@ fn begin(conn: &Connection) -> Result<(), bool> {
 fn commit_and_answer(conn: &Connection, done: Vec<Done>, counters: &WriterCounters) -> bool {
     if fault_injected("writer::before_commit") || counters.commit_faults.take() {
         let _ = conn.execute_batch("ROLLBACK");
-        done.into_iter().for_each(Done::fail);
+        done.into_iter().for_each(|d| d.fail(transaction_lost));
         return false;
     }
     let committed = if fault_injected("writer::commit_io_error") {
@@ -835,7 +774,7 @@ fn commit_and_answer(conn: &Connection, done: Vec<Done>, counters: &WriterCounte
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
-        done.into_iter().for_each(Done::fail);
+        done.into_iter().for_each(|d| d.fail(transaction_lost));
         return broken;
     }
     WriterCounters::add(&counters.transactions, 1);
