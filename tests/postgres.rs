@@ -679,6 +679,39 @@ fn create_order(agent: &ureq::Agent, port: u16, key: &str, body: &str) -> (u16, 
     )
 }
 
+/// `create_order` until it is not answered 409 (in flight elsewhere), as a client honouring
+/// Retry-After does; returns the answer and how many 409s came first.
+fn create_order_until_done(
+    agent: &ureq::Agent,
+    port: u16,
+    key: &str,
+    body: &str,
+) -> ((u16, bool, String), usize) {
+    let mut conflicts = 0;
+    loop {
+        let answer = create_order(agent, port, key, body);
+        if answer.0 != 409 {
+            return (answer, conflicts);
+        }
+        assert!(
+            answer.2.contains("request-in-flight"),
+            "409 says why: {}",
+            answer.2
+        );
+        conflicts += 1;
+        assert!(conflicts < 100, "still in flight after {conflicts} tries");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn api_env() -> Vec<(&'static str, &'static str)> {
+    helpers::PROVIDER_ENV
+        .iter()
+        .copied()
+        .chain([("SEKALI_API_TOKENS", "shop:shop-token-1")])
+        .collect()
+}
+
 #[test]
 fn the_same_order_request_sent_to_two_instances_at_once_runs_once_and_the_other_replays_it() {
     let Some(cluster) = shared_cluster() else {
@@ -686,16 +719,12 @@ fn the_same_order_request_sent_to_two_instances_at_once_runs_once_and_the_other_
     };
     let database = cluster.fresh_database();
     let url = cluster.url(&database);
-    let env: Vec<(&str, &str)> = helpers::PROVIDER_ENV
-        .iter()
-        .copied()
-        .chain([("SEKALI_API_TOKENS", "shop:shop-token-1")])
-        .collect();
+    let env = api_env();
     let start = || ServeProcess::start_on(Some(Path::new(&url)), &env, "warn", &["--no-relay"]);
     let (a, b) = (start(), start());
     const REQUESTS: usize = 200;
     let next = AtomicUsize::new(0);
-    let outcomes = Mutex::new(HashMap::<String, usize>::new());
+    let conflicts = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for _ in 0..4 {
             scope.spawn(|| {
@@ -709,15 +738,17 @@ fn the_same_order_request_sent_to_two_instances_at_once_runs_once_and_the_other_
                     let body = format!(
                         r#"{{"order_id": "ord_twice_{i}", "amount": 150000, "currency": "IDR", "provider": "midtrans"}}"#
                     );
-                    let (first, second) = std::thread::scope(|both| {
-                        let to_a = both.spawn(|| create_order(&agent_a, a.port, &key, &body));
-                        let to_b = both.spawn(|| create_order(&agent_b, b.port, &key, &body));
+                    // Each side retries a 409 (the other instance had the key in flight) until
+                    // it gets the answer.
+                    let ((first, c1), (second, c2)) = std::thread::scope(|both| {
+                        let to_a =
+                            both.spawn(|| create_order_until_done(&agent_a, a.port, &key, &body));
+                        let to_b =
+                            both.spawn(|| create_order_until_done(&agent_b, b.port, &key, &body));
                         (to_a.join().unwrap(), to_b.join().unwrap())
                     });
-                    let mut pair = [
-                        (first.0, first.1),
-                        (second.0, second.1),
-                    ];
+                    conflicts.fetch_add(c1 + c2, Ordering::Relaxed);
+                    let mut pair = [(first.0, first.1), (second.0, second.1)];
                     pair.sort();
                     assert_eq!(
                         pair,
@@ -725,15 +756,14 @@ fn the_same_order_request_sent_to_two_instances_at_once_runs_once_and_the_other_
                         "request {i}: one runs, the other replays its answer: {first:?} {second:?}"
                     );
                     assert_eq!(first.2, second.2, "request {i}: the replay is byte for byte");
-                    *outcomes
-                        .lock()
-                        .unwrap()
-                        .entry(format!("{pair:?}"))
-                        .or_default() += 1;
                 }
             });
         }
     });
+    eprintln!(
+        "{REQUESTS} keys sent to two instances at once: {} answers of 409 (in flight on the other) before the replay",
+        conflicts.load(Ordering::Relaxed)
+    );
     let rows = |sql: &str| count(cluster, &database, sql);
     assert_eq!(rows("SELECT count(*) FROM orders"), REQUESTS as i64);
     assert_eq!(
@@ -745,6 +775,60 @@ fn the_same_order_request_sent_to_two_instances_at_once_runs_once_and_the_other_
         REQUESTS as i64,
         "each order created once"
     );
+    for server in [a, b] {
+        let (status, logs) = server.stop();
+        assert!(status.success(), "{logs}");
+    }
+}
+
+#[test]
+fn an_order_request_in_flight_on_one_instance_gets_409_on_another_then_its_replay() {
+    let Some(cluster) = shared_cluster() else {
+        return;
+    };
+    let database = cluster.fresh_database();
+    let url = cluster.url(&database);
+    let env = api_env();
+    let start = || ServeProcess::start_on(Some(Path::new(&url)), &env, "warn", &["--no-relay"]);
+    let (a, b) = (start(), start());
+    let body =
+        r#"{"order_id": "ord_slow", "amount": 150000, "currency": "IDR", "provider": "midtrans"}"#;
+    // Another session holds the orders table against writes for 3 s (shorter than the lock
+    // timeout): instance A's request under the key waits in its transaction, in flight.
+    let (on_a, on_b, retried) = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            cluster.psql(
+                &database,
+                "BEGIN; LOCK TABLE orders IN SHARE MODE; SELECT pg_sleep(3); COMMIT;",
+            )
+        });
+        let held = "SELECT count(*) FROM pg_locks WHERE relation = 'orders'::regclass \
+                    AND mode = 'ShareLock' AND granted";
+        while count(cluster, &database, held) == 0 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let to_a = scope.spawn(|| create_order(&agent(), a.port, "slow-key", body));
+        let waiting = "SELECT count(*) FROM pg_locks WHERE relation = 'orders'::regclass \
+                       AND NOT granted";
+        while count(cluster, &database, waiting) == 0 {
+            assert!(!to_a.is_finished(), "A did not wait for the lock");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let on_b = create_order(&agent(), b.port, "slow-key", body);
+        let on_a = to_a.join().unwrap();
+        let retried = create_order(&agent(), b.port, "slow-key", body);
+        (on_a, on_b, retried)
+    });
+    assert_eq!(on_b.0, 409, "in flight on A: {on_b:?}");
+    assert!(on_b.2.contains("request-in-flight"), "{on_b:?}");
+    assert_eq!((on_a.0, on_a.1), (201, false), "{on_a:?}");
+    assert_eq!(
+        (retried.0, retried.1),
+        (201, true),
+        "B's retry replays A's answer: {retried:?}"
+    );
+    assert_eq!(retried.2, on_a.2, "byte for byte");
+    assert_eq!(count(cluster, &database, "SELECT count(*) FROM orders"), 1);
     for server in [a, b] {
         let (status, logs) = server.stop();
         assert!(status.success(), "{logs}");

@@ -165,6 +165,7 @@ pub async fn idempotent(
         IdempotentOutcome::Fresh(stored) => Ok((stored, false)),
         IdempotentOutcome::Replayed(stored) => Ok((stored, true)),
         IdempotentOutcome::FingerprintMismatch => Err(Problem::key_reused()),
+        IdempotentOutcome::InFlight => Err(Problem::request_in_flight()),
     }
 }
 

@@ -466,6 +466,10 @@ pub enum IdempotentOutcome {
     Replayed(StoredResponse),
     /// The key was used before for a different request.
     FingerprintMismatch,
+    /// Another instance is running a request under this key right now (its transaction holds
+    /// the key): answered 409, as the same instance answers a second request in flight. Only an
+    /// engine that several instances share returns it.
+    InFlight,
 }
 
 /// What `sekali backup` copied.

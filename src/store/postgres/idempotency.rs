@@ -5,11 +5,13 @@
 //! complete: no `processing` state is ever visible, and no lease is needed (a crash rolls all
 //! of it back, and the same key is then simply new).
 //!
-//! With several instances on one database, the key's row is claimed first (inserted, before
-//! the work): a concurrent request under the same key on another instance conflicts on the
-//! primary key, waits for the first transaction to end, and then replays what it committed (or,
-//! if it rolled back, claims the key itself). The row inserted first holds a placeholder
-//! response that only its own transaction can see; the real one replaces it before the commit.
+//! With several instances on one database, the key is held first (a transaction-scoped advisory
+//! lock, taken without waiting): a request under the same key on another instance while the
+//! first's transaction runs finds it held and is answered 409 with Retry-After, as one instance
+//! answers a second request in flight ([`IdempotentOutcome::InFlight`]); once the first commits,
+//! a retry replays what it committed (or, if it rolled back, runs itself). Then the key's row is
+//! claimed (inserted, before the work); it holds a placeholder response that only its own
+//! transaction can see, and the real one replaces it before the commit.
 
 use super::orders::insert_api_order;
 use super::{get, Db, StoreError};
@@ -26,11 +28,25 @@ pub fn run_idempotent(
 ) -> Result<IdempotentOutcome, StoreError> {
     let now = iso_seconds(now_unix);
     let expires_at = iso_seconds(now_unix + request.retention_secs);
+    // In flight elsewhere: another transaction holds the key (it may not have inserted the row
+    // yet, or its insert is not visible): 409 now rather than wait for its end. Within one
+    // instance the route's in-flight set answers first, so this is another instance.
+    let key = format!("idempotency\u{1f}{}\u{1f}{}", request.client, request.key);
+    let free: bool = get(
+        &db.query_one(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))",
+            &[&key],
+        )?,
+        0,
+    )?;
+    if !free {
+        return Ok(IdempotentOutcome::InFlight);
+    }
     // The claim. A new key inserts its row; an expired row for this key counts as absent and is
     // taken over (as SQLite's upsert replaced it). A live row is left as it is, and nothing
-    // comes back. A concurrent claim of the same key (another instance, or another connection)
-    // waits here on the primary key until the first's transaction ends: then it finds the
-    // committed row (live: nothing comes back) or, after a rollback, inserts its own. So two
+    // comes back. Every claim of the key holds it first, so none waits here for another's; and
+    // were one to, it would wait on the primary key for the first's end and then find the
+    // committed row (live: nothing comes back) or, after a rollback, insert its own. So two
     // requests under one key never both do the work. The row is locked either way (ON CONFLICT
     // DO UPDATE locks the existing row even when its WHERE refuses the update), so the purge
     // (FOR UPDATE SKIP LOCKED) cannot delete it under the read below.
