@@ -1,4 +1,4 @@
--- sekali schema, version 7 (PRAGMA user_version = 7).
+-- sekali schema, version 8 (PRAGMA user_version = 8).
 --
 -- Applied at startup, idempotently, by src/store/sqlite/schema.rs, which embeds this file in the
 -- binary.
@@ -151,7 +151,14 @@ CREATE TABLE IF NOT EXISTS order_transitions (
     -- the client's name. NULL for a provider's event. Added in version 6.
     actor             TEXT,
     -- Why an operator made the change (--reason, required). NULL otherwise. Added in version 6.
-    reason            TEXT
+    reason            TEXT,
+    -- The order's change number: 1 for the change that created it, then 2, 3, ... (the change
+    -- feed's and forwarding's `sequence`). Set on every row, also those written before version 8.
+    sequence          INTEGER,
+    -- The order's amount and currency at the change (what the change feed and forwarding send).
+    -- Added in version 8; earlier rows got the order's as the migration found it.
+    amount            INTEGER,
+    currency          TEXT
 );
 
 -- An order's history (GET /orders/{id}) reads its transitions in order. Added in version 6.

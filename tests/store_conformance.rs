@@ -205,6 +205,8 @@ macro_rules! conformance_suite {
                 an_operator_setting_the_status_the_order_has_is_refused,
                 an_orders_history_names_who_made_each_change_and_why,
                 an_orders_audit_trail_is_every_change_oldest_first,
+                // the change feed
+                the_change_feed_serves_every_change_once_in_commit_order_after_a_cursor,
                 // an error means nothing was committed
                 a_delivery_whose_commit_fails_leaves_nothing_and_is_new_when_sent_again,
                 an_order_request_whose_commit_fails_keeps_no_key_and_no_order,
@@ -2659,6 +2661,110 @@ mod suite {
 
     /// The history of an order says when, from what, to what, and by whom each change was
     /// made: a provider's event, the API's client, an operator with the reason given.
+    /// `GET /changes`: every change (a webhook's, the API's, an operator's) once, in the order
+    /// they committed, numbered per order, with the order's amount, currency and metadata;
+    /// paged by cursor, the pages join into the whole; a duplicate adds nothing; a change
+    /// committed later comes after the last cursor.
+    pub async fn the_change_feed_serves_every_change_once_in_commit_order_after_a_cursor(t: Ctx) {
+        assert!(t.store.changes(None, ALL).await.unwrap().is_empty());
+        t.create_api_order(new_order("ord_api")).await;
+        t.advance(10);
+        t.record(paid("evt_1", "ord_hook")).await;
+        t.record(paid("evt_2", "ord_api")).await;
+        assert_eq!(t.record(paid("evt_2", "ord_api")).await, Outcome::Duplicate);
+        t.advance(10);
+        let change = OperatorChange {
+            status: Refunded,
+            operator: "ana".into(),
+            reason: "refunded by bank transfer".into(),
+        };
+        t.ops
+            .set_status_by_operator("ord_hook", &change, t.now())
+            .unwrap();
+
+        let all = t.store.changes(None, ALL).await.unwrap();
+        let rows: Vec<_> = all
+            .iter()
+            .map(|c| {
+                (
+                    c.order_id.as_str(),
+                    c.sequence,
+                    c.previous_status.as_deref(),
+                    c.status.as_str(),
+                    c.kind.as_str(),
+                    c.changed_by.as_str(),
+                    c.provider_event_id.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("ord_api", 1, None, "pending", "order.pending", "api", None),
+                (
+                    "ord_hook",
+                    1,
+                    None,
+                    "paid",
+                    "order.paid",
+                    "stripe",
+                    Some("evt_1")
+                ),
+                (
+                    "ord_api",
+                    2,
+                    Some("pending"),
+                    "paid",
+                    "order.paid",
+                    "stripe",
+                    Some("evt_2")
+                ),
+                (
+                    "ord_hook",
+                    2,
+                    Some("paid"),
+                    "refunded",
+                    "order.refunded",
+                    "operator",
+                    None
+                ),
+            ]
+        );
+        let api = &all[0];
+        assert_eq!(
+            (api.amount, api.currency.as_deref(), api.provider.as_str()),
+            (Some(1500), Some("usd"), "stripe")
+        );
+        assert_eq!(api.metadata, Some(json!({"cart": "c-1"})));
+        assert_eq!(all[1].metadata, None);
+        assert_eq!(all[0].changed_at, iso_seconds(T0));
+        assert_eq!(all[3].changed_at, iso_seconds(T0 + 20));
+        let ids: std::collections::HashSet<_> = all.iter().map(|c| c.id.clone()).collect();
+        assert_eq!(ids.len(), all.len(), "each change has its own id");
+
+        // Paged one by one from the start, the pages join into the whole.
+        let mut paged = Vec::new();
+        let mut after = None;
+        loop {
+            let page = t.store.changes(after, 1).await.unwrap();
+            let Some(last) = page.last() else { break };
+            after = Some(last.cursor);
+            paged.extend(page);
+        }
+        assert_eq!(paged, all);
+        // A change committed later comes after the last cursor, and nothing before it again.
+        t.record(paid("evt_3", "ord_late")).await;
+        let later = t.store.changes(after, ALL).await.unwrap();
+        assert_eq!(
+            later
+                .iter()
+                .map(|c| c.order_id.as_str())
+                .collect::<Vec<_>>(),
+            ["ord_late"]
+        );
+        assert!(later[0].cursor > after.unwrap());
+    }
+
     pub async fn an_orders_history_names_who_made_each_change_and_why(t: Ctx) {
         t.create_api_order(new_order("ord_1")).await;
         t.advance(10);

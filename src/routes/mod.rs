@@ -3,6 +3,7 @@
 //! duplicates 2xx.
 
 pub mod api;
+mod changes;
 mod error;
 mod health;
 mod orders;
@@ -92,6 +93,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route(web::post().to(orders::create_order))
             .route(web::get().to(orders::list_orders))
             .route(web::head().to(orders::list_orders)),
+    )
+    .service(
+        api_resource("/changes", "GET, HEAD")
+            .route(web::get().to(changes::list_changes))
+            .route(web::head().to(changes::list_changes)),
     )
     .service(
         api_resource("/orders/{order_id}", "GET, HEAD")

@@ -84,6 +84,9 @@ pub const TABLES: &[(&str, &[&str])] = &[
             "changed_at",
             "actor",
             "reason",
+            "sequence",
+            "amount",
+            "currency",
         ],
     ),
     (

@@ -16,6 +16,7 @@
 //!   the lease, and a whole batch of results commits together.
 //! - An error means nothing was committed: the caller answers 503 and the sender retries.
 
+pub mod changes;
 pub mod copy;
 pub(crate) mod counters;
 mod location;
@@ -28,6 +29,7 @@ use futures_util::future::BoxFuture;
 
 pub use crate::domain::Outcome;
 use crate::domain::{NormalizedEvent, OrderStatus};
+pub use changes::{Change, ChangeCursor, ChangeRow, MAX_CHANGES_PAGE};
 pub use location::{maintenance, open, Location, Options};
 pub use model::{
     BackupReport, ClaimRequest, ClaimedEmail, DeletedRun, EventDetail, EventQuery, EventSummary,
@@ -262,6 +264,14 @@ pub trait Store: Send + Sync {
 
     /// A page of orders, without their histories.
     fn orders(&self, query: OrderQuery) -> BoxFuture<'_, Result<Vec<OrderView>, StoreError>>;
+
+    /// Up to `limit` order changes after `after` (from the first without it), in commit order:
+    /// a client that pages on from the last one's cursor misses none and sees none twice.
+    fn changes(
+        &self,
+        after: Option<ChangeCursor>,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<Change>, StoreError>>;
 
     /// Ok when the database answers a read.
     fn check_health(&self) -> BoxFuture<'_, Result<(), StoreError>>;

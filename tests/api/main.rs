@@ -4,6 +4,7 @@
 mod cli;
 
 mod bench_safety;
+mod changes;
 mod concurrency;
 mod environment;
 mod helpers;

@@ -404,6 +404,95 @@ async fn a_version_5_database_gains_the_payers_address_and_the_transitions_autho
     app.stop().await;
 }
 
+/// Version 7 kept no change numbers; version 8 numbers each order's changes in the order they
+/// were written and gives them the order's amount and currency, so the change feed serves the
+/// old changes first, in their order, then the new ones, numbered on (on both engines).
+#[actix_web::test]
+async fn a_version_7_database_numbers_its_changes_and_the_feed_serves_them_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::fresh(dir.path().join("v7.db"));
+    match &db {
+        Database::File(path) => {
+            let conn = Connection::open(path).unwrap();
+            conn.execute_batch(include_str!("../../fixtures/schema-v7.sql"))
+                .unwrap();
+            conn.execute_batch("PRAGMA user_version = 7").unwrap();
+        }
+        Database::Server(_) => db.execute(&format!(
+            "{} INSERT INTO sekali_schema (version) VALUES (7);",
+            include_str!("../../fixtures/postgres-schema-v7.sql")
+        )),
+    }
+    db.execute(
+        "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
+                             created_at, updated_at, last_event_id, source)
+         VALUES ('ord_1001', 'stripe', 'refunded', 2000, 2000, 'usd',
+                 '2026-11-01T10:00:00Z', '2026-11-01T10:05:00Z', 'evt_3', 'webhook'),
+                ('ord_b', 'midtrans', 'paid', 150000, 0, 'IDR',
+                 '2026-11-01T10:01:00Z', '2026-11-01T10:01:00Z', 'evt_b', 'webhook');
+         INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount,
+                                        provider, event_id, changed_at)
+         VALUES ('ord_1001', NULL, 'pending', 0, 'stripe', 'evt_1', '2026-11-01T10:00:00Z'),
+                ('ord_b', NULL, 'paid', 0, 'midtrans', 'evt_b', '2026-11-01T10:01:00Z'),
+                ('ord_1001', 'pending', 'paid', 0, 'stripe', 'evt_2', '2026-11-01T10:02:00Z'),
+                ('ord_1001', 'paid', 'refunded', 2000, 'stripe', 'evt_3', '2026-11-01T10:05:00Z');",
+    );
+    let v7 = db.location();
+    let app = spawn_app_with(move |settings| {
+        settings.db = v7;
+        settings.api_tokens = sekali::config::parse_api_tokens("shop:tok-feed-v7").unwrap();
+    })
+    .await;
+    assert_eq!(stored_version(&app.database), SCHEMA_VERSION);
+    assert_eq!(
+        app.texts(
+            "SELECT order_id || ' ' || sequence || ' ' || amount || ' ' || currency \
+             FROM order_transitions ORDER BY id"
+        ),
+        [
+            "ord_1001 1 2000 usd",
+            "ord_b 1 150000 IDR",
+            "ord_1001 2 2000 usd",
+            "ord_1001 3 2000 usd"
+        ]
+    );
+    // A change written now is numbered on, after the old ones in the feed.
+    let output = std::process::Command::new(sekali_bin())
+        .args(["orders", "set-status", "ord_b", "cancelled", "--reason"])
+        .arg("the customer cancelled by phone")
+        .args(["--by", "rina", "--db"])
+        .arg(app.db_arg())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let mut feed = app
+        .client
+        .get(format!("{}/changes", app.address))
+        .insert_header(("Authorization", "Bearer tok-feed-v7"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(feed.status().as_u16(), 200);
+    let page: serde_json::Value = feed.json().await.unwrap();
+    let changes: Vec<String> = page["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| format!("{} {} {}", c["order_id"], c["sequence"], c["type"]))
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            r#""ord_1001" 1 "order.pending""#,
+            r#""ord_b" 1 "order.paid""#,
+            r#""ord_1001" 2 "order.paid""#,
+            r#""ord_1001" 3 "order.refunded""#,
+            r#""ord_b" 2 "order.cancelled""#,
+        ]
+    );
+    app.stop().await;
+}
+
 #[actix_web::test]
 async fn a_new_database_starts_at_the_current_version() {
     let app = spawn_app().await;

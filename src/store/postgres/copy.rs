@@ -136,6 +136,10 @@ impl Import for PgImport {
             );
             self.client.query_one(sql.as_str(), &[])?;
         }
+        // The copied changes keep their place in the change feed: SQLite's is the id, so that a
+        // feed client's cursor goes on where it was; the changes written here come after them.
+        self.client
+            .batch_execute("UPDATE order_transitions SET position = id")?;
         self.client.batch_execute("COMMIT")?;
         TABLES
             .iter()

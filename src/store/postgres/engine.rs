@@ -18,7 +18,9 @@ use crate::store::model::{
     Purged, Retried, RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats,
     Transition,
 };
-use crate::store::{CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError};
+use crate::store::{
+    Change, ChangeCursor, CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError,
+};
 
 /// Connections an instance keeps for `/healthz` and the orders API's reads.
 const READ_POOL_SIZE: u32 = 4;
@@ -152,6 +154,28 @@ impl Store for PgStore {
                 query.after.as_deref(),
                 query.limit,
             )
+        })
+    }
+
+    fn changes(
+        &self,
+        after: Option<ChangeCursor>,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<Change>, StoreError>> {
+        let pool = self.reads.clone();
+        Box::pin(async move {
+            actix_web::rt::task::spawn_blocking(move || {
+                let mut client = pool
+                    .0
+                    .as_ref()
+                    .expect("the pool lives until dropped")
+                    .get()?;
+                // Committed first, so that the page's snapshot sees the places it gave.
+                in_transaction(&mut client, orders::publish_changes)?;
+                in_transaction(&mut client, |db| orders::changes(db, after, limit))
+            })
+            .await
+            .map_err(|e| StoreError::Blocking(e.to_string()))?
         })
     }
 

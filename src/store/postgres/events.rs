@@ -511,7 +511,9 @@ pub(crate) fn record_change(
     Ok(())
 }
 
-/// Appends to the audit trail.
+/// Appends to the audit trail, numbering the change among the order's: every writer of an order
+/// holds it (its row locked, or its key when it has none yet) before it records a change, so two
+/// instances never count the same number.
 pub(crate) fn record_transition(
     db: &mut Db<'_, '_>,
     by: &ChangedBy<'_>,
@@ -523,8 +525,10 @@ pub(crate) fn record_transition(
     let from = from.map(OrderStatus::as_str);
     db.execute(
         "INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount, provider,
-                                        event_id, changed_at, actor, reason)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                                        event_id, changed_at, actor, reason, sequence, amount,
+                                        currency)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
+                 (SELECT count(*) + 1 FROM order_transitions WHERE order_id = $1), $10, $11)",
         &[
             &order_id,
             &from,
@@ -535,6 +539,8 @@ pub(crate) fn record_transition(
             &now,
             &by.actor,
             &by.reason,
+            &to.amount,
+            &to.currency,
         ],
     )?;
     Ok(())

@@ -7,6 +7,7 @@ use super::{get, ledger, Db, StoreError};
 use crate::clock::iso_seconds;
 use crate::domain::ledger::{compute, OperatorDecision};
 use crate::domain::OrderStatus;
+use crate::store::changes::{Change, ChangeCursor, ChangeRow};
 use crate::store::model::{
     NewOrder, OperatorChange, OrderView, PaymentView, SetStatusError, Transition,
 };
@@ -217,4 +218,81 @@ pub fn set_status_by_operator(
     write_order(db, order_id, &state, &by, &now, true)?;
     record_change(db, &by, order_id, Some(previous), &state, &now)?;
     Ok(previous)
+}
+
+/// The key of the transaction-scoped advisory lock a publisher of the change feed holds.
+const PUBLISHER: i64 = 0x73656b2d66656564; // "sek-feed"
+
+/// Gives the committed changes that have no place in the feed yet theirs, after the last one
+/// given, in id order: unless another instance is doing it right now (then its places become
+/// visible when it commits, and this reader reads what was given before). Returns how many it
+/// gave. Its own transaction, run before a page is read.
+///
+/// Why places, and why this way: identity values are taken when rows are inserted, and several
+/// instances commit in another order, so a feed by id could pass a change that commits later
+/// with a lower id. A place is given only to a change already committed (this statement sees
+/// nothing else), by one publisher at a time (the lock, held until its commit), each after the
+/// largest given before (read after the lock is held, in a statement of its own, so that its
+/// snapshot includes the last publisher's commit). So places become visible in increasing
+/// order: a reader never finds a new one below a place it has read. Within one order, ids follow
+/// its changes (each is written under the order's lock, after the one before committed), and a
+/// change is visible only if every earlier change of its order is: each order's changes get
+/// their places in order.
+pub fn publish_changes(db: &mut Db<'_, '_>) -> Result<u64, StoreError> {
+    let free: bool = get(
+        &db.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&PUBLISHER])?,
+        0,
+    )?;
+    if !free {
+        return Ok(0);
+    }
+    // A place a reader has seen must survive a crash (else it could be given again, to other
+    // changes): durable as a delivery, whatever the server's default for this pooled session.
+    db.execute("SET LOCAL synchronous_commit = on", &[])?;
+    db.execute(
+        "UPDATE order_transitions SET position = placed.position
+         FROM (SELECT id, (SELECT coalesce(max(position), 0) FROM order_transitions)
+                          + row_number() OVER (ORDER BY id) AS position
+               FROM order_transitions WHERE position IS NULL) AS placed
+         WHERE order_transitions.id = placed.id",
+        &[],
+    )
+}
+
+/// Up to `limit` order changes after `after`, in the order of their places in the feed (see
+/// [`publish_changes`], which the caller runs first).
+pub fn changes(
+    db: &mut Db<'_, '_>,
+    after: Option<ChangeCursor>,
+    limit: u32,
+) -> Result<Vec<Change>, StoreError> {
+    db.query(
+        "SELECT t.position, t.id, t.order_id, t.from_status, t.to_status,
+                t.refunded_amount, t.provider, t.event_id, t.changed_at, t.sequence, t.amount,
+                t.currency, o.provider, o.metadata
+         FROM order_transitions AS t JOIN orders AS o USING (order_id)
+         WHERE t.position > $1::bigint
+         ORDER BY t.position LIMIT $2::bigint",
+        &[&after.map_or(0, |c| c.0), &i64::from(limit)],
+    )?
+    .iter()
+    .map(|row| {
+        Ok(Change::from(ChangeRow {
+            position: get(row, 0)?,
+            id: get(row, 1)?,
+            order_id: get(row, 2)?,
+            from_status: get(row, 3)?,
+            to_status: get(row, 4)?,
+            refunded_amount: get(row, 5)?,
+            changed_by: get(row, 6)?,
+            event_id: get(row, 7)?,
+            changed_at: get(row, 8)?,
+            sequence: get(row, 9)?,
+            amount: get(row, 10)?,
+            currency: get(row, 11)?,
+            provider: get(row, 12)?,
+            metadata: get(row, 13)?,
+        }))
+    })
+    .collect()
 }

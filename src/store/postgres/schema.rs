@@ -2,8 +2,12 @@
 //! columns, translated), versioned in the table `sekali_schema` (PostgreSQL has no
 //! `PRAGMA user_version`) and applied at startup.
 //!
-//! PostgreSQL support starts at version 7, the SQLite schema's current one: the two engines'
-//! versions move together, and a PostgreSQL database never held an older one.
+//! PostgreSQL support starts at version 7: the two engines' versions move together, and a
+//! PostgreSQL database never held an older one.
+//!
+//! 8. `order_transitions.sequence`, `.amount`, `.currency` (as in SQLite) and `.position` (the
+//!    change feed's place; the rows before get theirs in id order) with its indexes, added in
+//!    place.
 
 use postgres::Client;
 
@@ -20,6 +24,21 @@ pub const SCHEMA_VERSION: i64 = crate::store::sqlite::schema::SCHEMA_VERSION;
 /// (`pg_advisory_xact_lock`), so it is released at COMMIT or when the connection drops, and
 /// works through PgBouncer in transaction mode, where a session lock may outlive its session.
 const MIGRATION_LOCK: i64 = 0x73656b616c69; // "sekali"
+
+/// Version 8's columns of `order_transitions`, added and filled as SQLite's migration does; the
+/// rows before get their place in the change feed in id order (they all committed long ago).
+const V8_TRANSITIONS: &str = "
+    ALTER TABLE order_transitions ADD COLUMN sequence BIGINT, ADD COLUMN amount BIGINT,
+        ADD COLUMN currency TEXT COLLATE \"C\", ADD COLUMN position BIGINT;
+    UPDATE order_transitions SET sequence = numbered.sequence, position = numbered.position,
+                                 amount = orders.amount, currency = orders.currency
+    FROM (SELECT id, row_number() OVER (PARTITION BY order_id ORDER BY id) AS sequence,
+                 row_number() OVER (ORDER BY id) AS position
+          FROM order_transitions) AS numbered, orders
+    WHERE numbered.id = order_transitions.id AND orders.order_id = order_transitions.order_id;
+    CREATE UNIQUE INDEX IF NOT EXISTS order_transitions_feed ON order_transitions (position);
+    CREATE INDEX IF NOT EXISTS order_transitions_unpublished ON order_transitions (id)
+        WHERE position IS NULL;";
 
 /// Brings the database to [`SCHEMA_VERSION`]: creates the tables in an empty database, leaves
 /// a current one as it is, refuses one written by a newer sekali, and one that holds sekali's
@@ -43,6 +62,17 @@ pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
                 found,
                 known: SCHEMA_VERSION,
             })
+        }
+        Some(found) if found < SCHEMA_VERSION => {
+            if found < 8 {
+                tx.batch_execute(V8_TRANSITIONS)?;
+            }
+            tx.execute("UPDATE sekali_schema SET version = $1", &[&SCHEMA_VERSION])?;
+            tracing::info!(
+                from = found,
+                to = SCHEMA_VERSION,
+                "database schema migrated"
+            );
         }
         Some(_) => {}
         None => {

@@ -197,11 +197,25 @@ CREATE TABLE IF NOT EXISTS order_transitions (
     -- the client's name. NULL for a provider's event.
     actor             TEXT COLLATE "C",
     -- Why an operator made the change (--reason, required). NULL otherwise.
-    reason            TEXT COLLATE "C"
+    reason            TEXT COLLATE "C",
+    -- The order's change number: 1 for the change that created it, then 2, 3, ...
+    sequence          BIGINT,
+    -- The order's amount and currency at the change.
+    amount            BIGINT,
+    currency          TEXT COLLATE "C",
+    -- The change's place in the change feed (GET /changes), given once it has committed (NULL
+    -- until then; see orders::publish_changes). Identity values are not commit order when several
+    -- instances write; places given to committed changes only, one publisher at a time, are.
+    -- A copy from SQLite gives each change its id (SQLite's feed order, and its cursors).
+    position          BIGINT
 );
 
 -- An order's history (GET /orders/{id}) reads its transitions in order.
 CREATE INDEX IF NOT EXISTS order_transitions_order ON order_transitions (order_id, id);
+-- The change feed: by place, and the changes not yet given one, in id order.
+CREATE UNIQUE INDEX IF NOT EXISTS order_transitions_feed ON order_transitions (position);
+CREATE INDEX IF NOT EXISTS order_transitions_unpublished ON order_transitions (id)
+    WHERE position IS NULL;
 
 
 -- The ledger (src/domain/ledger.rs): every payment sekali has heard of, one row per
@@ -379,7 +393,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys (expires_at);
 
 -- PostgreSQL only. PostgreSQL has no PRAGMA user_version, so the schema version lives here: one
--- row, which the engine inserts (7 for this file) once the tables above exist; this file
+-- row, which the engine inserts (8 for this file) once the tables above exist; this file
 -- inserts nothing. The unique index on a constant allows at most one row (a second insert
 -- fails; INSERT ... ON CONFLICT ((true)) DO NOTHING/UPDATE names it).
 CREATE TABLE IF NOT EXISTS sekali_schema (

@@ -17,7 +17,9 @@ use crate::store::model::{
     Purged, Retried, RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats,
     Transition,
 };
-use crate::store::{CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError};
+use crate::store::{
+    Change, ChangeCursor, CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError,
+};
 
 /// Read-only connections the server keeps for `/healthz` and the orders API's reads.
 const READ_POOL_SIZE: u32 = 4;
@@ -112,6 +114,14 @@ impl Store for SqliteStore {
                 query.limit,
             )
         })
+    }
+
+    fn changes(
+        &self,
+        after: Option<ChangeCursor>,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<Vec<Change>, StoreError>> {
+        self.read(move |conn| orders::changes(conn, after, limit))
     }
 
     fn check_health(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -461,7 +461,8 @@ pub(crate) fn record_change(
     Ok(())
 }
 
-/// Appends to the audit trail.
+/// Appends to the audit trail, numbering the change among the order's (the one writer adds the
+/// order's changes one after the other).
 pub(crate) fn record_transition(
     db: &mut Statements<'_>,
     by: &ChangedBy<'_>,
@@ -472,8 +473,10 @@ pub(crate) fn record_transition(
 ) -> rusqlite::Result<()> {
     db.prepare(
         "INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount, provider,
-                                        event_id, changed_at, actor, reason)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                                        event_id, changed_at, actor, reason, sequence, amount,
+                                        currency)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
+                 (SELECT count(*) + 1 FROM order_transitions WHERE order_id = ?1), ?10, ?11)",
     )?
     .execute(params![
         order_id,
@@ -485,6 +488,8 @@ pub(crate) fn record_transition(
         now,
         by.actor,
         by.reason,
+        to.amount,
+        to.currency,
     ])?;
     Ok(())
 }

@@ -29,16 +29,19 @@
 //!    orders' `review_reason`, `operator_status`, `operator_money`, `acknowledged` and
 //!    `announced_returned`, and the outcome `needs_review`, all in place; the ledger itself is
 //!    rebuilt from the stored events afterwards ([`super::rebuild`], noted in `pending_work`).
+//! 8. `order_transitions.sequence` (the order's change number), `.amount` and `.currency` (the
+//!    order's at the change): what the change feed serves. Added in place; earlier rows get
+//!    their numbers in id order, and their order's amount and currency as they are now.
 
 use rusqlite::{Connection, OptionalExtension};
 
 use super::StoreError;
 
-/// The text of `schema.sql`: version 7.
+/// The text of `schema.sql`: version 8.
 pub const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// CHECK constraints rewritten in place, in order: (the version whose text `new` is, table, the
 /// text before it, `new`). Each new text accepts every value the old one did, so no stored row
@@ -94,6 +97,20 @@ const V7_OUTCOME_CHECK: &str = "CHECK (outcome = 'processed' OR outcome = 'stale
 const V2_OUTCOME_CHECK: &str = "CHECK (outcome = 'processed' OR outcome = 'stale'
                           OR outcome = 'ignored' OR outcome = 'parked'
                           OR outcome = 'amount_mismatch')";
+
+/// Version 8's columns of `order_transitions`, added in place and filled for the rows before
+/// them: each order's changes numbered in id order (the order they were written in), and the
+/// order's amount and currency as they are now (what version 7 kept of them).
+const V8_TRANSITIONS: &str = "
+    ALTER TABLE order_transitions ADD COLUMN sequence INTEGER;
+    ALTER TABLE order_transitions ADD COLUMN amount INTEGER;
+    ALTER TABLE order_transitions ADD COLUMN currency TEXT;
+    UPDATE order_transitions SET
+        sequence = (SELECT count(*) FROM order_transitions AS earlier
+                    WHERE earlier.order_id = order_transitions.order_id
+                      AND earlier.id <= order_transitions.id),
+        amount = (SELECT amount FROM orders WHERE orders.order_id = order_transitions.order_id),
+        currency = (SELECT currency FROM orders WHERE orders.order_id = order_transitions.order_id);";
 
 /// Brings the database to [`SCHEMA_VERSION`]. Idempotent, and safe when several processes start
 /// at once: the version is read again inside the write transaction.
@@ -186,6 +203,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
                          SELECT 'ledger' WHERE EXISTS (SELECT 1 FROM orders)
                                             OR EXISTS (SELECT 1 FROM processed_events);",
                 )?;
+            }
+            if version < 8 {
+                conn.execute_batch(V8_TRANSITIONS)?;
             }
         }
         if (1..3).contains(&version) {
@@ -322,6 +342,7 @@ mod tests {
             4 => include_str!("../../../fixtures/schema-v4.sql"),
             5 => include_str!("../../../fixtures/schema-v5.sql"),
             6 => include_str!("../../../fixtures/schema-v6.sql"),
+            7 => include_str!("../../../fixtures/schema-v7.sql"),
             _ => SCHEMA_SQL,
         };
         for (version, table, old, new) in CHECK_REWRITES {
