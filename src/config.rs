@@ -131,6 +131,11 @@ pub struct Settings {
         crate::jobs::relay::RelayConfig,
         crate::mail::transport::MailConfig,
     )>,
+    /// Forwarding of order changes to the shop's endpoint (`None`: off).
+    pub forward: Option<crate::forward::ForwardConfig>,
+    /// Whether this instance sends forwarded changes (off with `--no-relay`: the changes are
+    /// still queued while `forward` is set, for another instance to send).
+    pub forward_sends: bool,
     /// Install SIGTERM / ctrl-c handlers (off in tests, which stop the server themselves).
     pub handle_signals: bool,
 }
@@ -160,6 +165,8 @@ impl Settings {
             idempotency_retention: DEFAULT_IDEMPOTENCY_RETENTION,
             max_page_count: None,
             relay: None,
+            forward: None,
+            forward_sends: true,
             handle_signals: true,
         }
     }

@@ -43,6 +43,7 @@ pub mod config;
 pub mod connections;
 pub mod domain;
 pub mod durable;
+pub mod forward;
 pub mod jobs;
 pub mod mail;
 pub mod open_files;

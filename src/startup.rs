@@ -213,6 +213,7 @@ pub struct Application {
     purge_job: actix_web::rt::task::JoinHandle<()>,
     refusals_log: actix_web::rt::task::JoinHandle<()>,
     relay: Option<std::thread::JoinHandle<()>>,
+    forwarder: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Application {
@@ -248,6 +249,19 @@ impl Application {
             },
             clock.clone(),
         )?;
+        // Forwarding is on for the database while this instance is configured with it: every
+        // change from now on is queued for the shop's endpoint, whichever instance or command
+        // makes it.
+        let forwarding = settings.forward.is_some();
+        if crate::store::maintenance(&settings.db, true)?
+            .set_forwarding(forwarding, clock.now_unix())?
+        {
+            if forwarding {
+                tracing::info!("forwarding turned on: every order change from now on is queued for the shop's endpoint");
+            } else {
+                tracing::warn!("forwarding turned off (SEKALI_FORWARD_URL is not set): order changes from now on are not queued for the shop's endpoint; changes already queued wait until it is set again");
+            }
+        }
         reserved.listen(LISTEN_BACKLOG).map_err(bind_error)?;
         let listener = TcpListener::from(reserved);
         let address = listener.local_addr().map_err(bind_error)?;
@@ -314,6 +328,20 @@ impl Application {
                 crate::jobs::relay::Queue::server(store.clone()),
             )
         });
+        let forwarder = match (&settings.forward, &settings.relay) {
+            (Some(forward), Some((config, _))) if settings.forward_sends => {
+                let mut config = config.clone();
+                config.owner = format!("{}:forward", config.owner);
+                Some(crate::jobs::forward::spawn_forwarder(
+                    config,
+                    forward.clone(),
+                    clock_for_relay.clone(),
+                    shutdown.clone(),
+                    store.clone(),
+                ))
+            }
+            _ => None,
+        };
         let webhook_urls: Vec<String> = settings
             .providers
             .iter()
@@ -335,6 +363,7 @@ impl Application {
             providers = (!described.is_empty()).then(|| tracing::field::display(described.join("; "))),
             orders_api = !settings.api_tokens.is_empty(),
             relay = relay.is_some(),
+            forwarding = forwarder.is_some(),
             max_connections = gauge.limit(),
             "sekali is listening; register https://<your host>{} with the provider{}",
             webhook_urls.join(" and https://<your host>"),
@@ -348,6 +377,7 @@ impl Application {
             purge_job,
             refusals_log,
             relay,
+            forwarder,
         })
     }
 
@@ -376,6 +406,9 @@ impl Application {
         let _ = self.purge_job.await;
         if let Some(relay) = self.relay {
             let _ = actix_web::rt::task::spawn_blocking(move || relay.join()).await;
+        }
+        if let Some(forwarder) = self.forwarder {
+            let _ = actix_web::rt::task::spawn_blocking(move || forwarder.join()).await;
         }
         let store = self.store;
         let _ = actix_web::rt::task::spawn_blocking(move || store.shutdown()).await;

@@ -312,6 +312,7 @@ async fn claimed_receipts(app: &TestApp) -> Vec<sekali::store::SendResult> {
             owner: RELAY.into(),
             lease_ms: 60_000,
             limit: 256,
+            outbox: sekali::store::OutboxKind::Email,
         })
         .await
         .unwrap();
@@ -552,6 +553,7 @@ async fn a_claim_waits_while_deliveries_queue_and_is_served_once_they_stop() {
                 owner: "relay-under-test".into(),
                 lease_ms: 60_000,
                 limit: 256,
+                outbox: sekali::store::OutboxKind::Email,
             })
             .await
             .unwrap();

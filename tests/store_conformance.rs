@@ -579,6 +579,7 @@ impl Ctx {
                 owner: owner.into(),
                 lease_ms: LEASE_MS,
                 limit,
+                outbox: sekali::store::OutboxKind::Email,
             })
             .await
             .expect("the claim commits")
@@ -2928,6 +2929,7 @@ mod suite {
                 owner: "relay-a".into(),
                 lease_ms: LEASE_MS,
                 limit: 10,
+                outbox: sekali::store::OutboxKind::Email,
             })
             .await;
         assert!(failed.is_err(), "{failed:?}");

@@ -53,6 +53,10 @@ pub enum Command {
     /// Inspect the email outbox, and send a waiting or dead row now.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// Inspect the order changes forwarded to the shop's endpoint, retry or skip one; make a
+    /// signing secret.
+    #[command(subcommand)]
+    Forward(ForwardCommand),
 }
 
 /// `serve --help` ends with the settings that have no flag: secrets never go on a command line
@@ -69,6 +73,16 @@ fn serve_environment() -> String {
         (
             config::ENV_API_TOKENS,
             "name:token pairs, comma-separated, for the orders API (unset: it is off)".to_owned(),
+        ),
+        (
+            crate::forward::ENV_URL,
+            "forward every order change to the shop's endpoint, http(s)://... (unset: off)"
+                .to_owned(),
+        ),
+        (
+            crate::forward::ENV_SECRET,
+            "its Standard Webhooks secrets, whsec_..., comma-separated (sekali forward new-secret)"
+                .to_owned(),
         ),
         (
             "SEKALI_SMTP_URL",
@@ -447,6 +461,61 @@ pub enum OutboxCommand {
         #[command(flatten)]
         db: DbArgs,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ForwardCommand {
+    /// The newest forwarding rows (one per order change while forwarding is on).
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Only rows with this status.
+        #[arg(long, value_parser = ["pending", "sent", "dead", "skipped"])]
+        status: Option<String>,
+        /// Only the changes of this order.
+        #[arg(long = "order", value_name = "ORDER_ID")]
+        order_id: Option<String>,
+        /// Only rows queued at or after this time: a duration such as 90s, 1h or 2d (that long
+        /// ago), or an RFC 3339 time.
+        #[arg(long, value_parser = since)]
+        since: Option<Since>,
+        /// Most rows to print, newest first.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// Print each row as one line of JSON (JSON Lines, for jq) instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One row, with the message it sends (the change, as the shop receives it).
+    Show {
+        /// The row's id (the ID column of `forward list`).
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print the row as one line of JSON instead of indented.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send a row now: a pending row waiting for its next try becomes due now, its attempts
+    /// kept; a dead row becomes pending and due now, its attempts reset (its order's later
+    /// changes follow it). A sent or skipped row, or one being sent, is left alone.
+    Retry {
+        /// The row's id (the ID column of `forward list`).
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Never send a pending or dead row, so that its order's later changes go (a dead row holds
+    /// them). The shop does not receive that change; the change feed still has it.
+    Skip {
+        /// The row's id (the ID column of `forward list`).
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Print a new signing secret (whsec_ and 32 random bytes in base64), alone on stdout: for
+    /// SEKALI_FORWARD_SECRET, and for the shop's verifier.
+    NewSecret,
 }
 
 #[derive(Debug, Args)]

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::args::{
-    BackupArgs, BenchArgs, CopyArgs, DbArgs, EventsCommand, OutboxCommand, RelayCommandArgs,
-    ReplayArgs, ServeArgs, Switch,
+    BackupArgs, BenchArgs, CopyArgs, DbArgs, EventsCommand, ForwardCommand, OutboxCommand,
+    RelayCommandArgs, ReplayArgs, ServeArgs, Switch,
 };
 use super::{print_columns, print_json_line, write_stdout};
 use crate::clock::{Clock, SystemClock};
@@ -17,8 +17,8 @@ use crate::jobs::relay::RelayHost;
 use crate::providers::{ProviderSettings, Providers};
 use crate::startup::Application;
 use crate::store::{
-    EventQuery, Maintenance, NextTry, OperatorChange, OutboxQuery, OutboxRow, Retried, Store,
-    StoreError, DEFAULT_PURGE_BATCH,
+    EventQuery, Maintenance, NextTry, OperatorChange, OutboxQuery, OutboxRow, Retried, Skipped,
+    Store, StoreError, DEFAULT_PURGE_BATCH,
 };
 
 /// The provider settings of the command line, by `(provider, option)`: the generic
@@ -121,6 +121,8 @@ pub(super) fn serve(args: ServeArgs) -> CommandResult {
     settings.queue_capacity = args.queue_capacity;
     settings.workers = args.workers;
     settings.idempotency_retention = args.idempotency_retention;
+    settings.forward = crate::forward::ForwardConfig::from_env()?;
+    settings.forward_sends = !args.no_relay;
     if !args.no_relay {
         settings.relay = Some(
             args.relay
@@ -402,6 +404,137 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
                     )
                 }
                 Retried::Missing => format!("no outbox row with id {id}"),
+            };
+            return Err(refused.into());
+        }
+    }
+    DONE
+}
+
+pub(super) fn forward(command: ForwardCommand) -> CommandResult {
+    let (db, writable) = match &command {
+        ForwardCommand::NewSecret => {
+            let secret = crate::forward::new_secret()
+                .map_err(|e| format!("the operating system gave no random bytes: {e}"))?;
+            crate::outln!("{secret}");
+            return DONE;
+        }
+        ForwardCommand::List { db, .. } | ForwardCommand::Show { db, .. } => (db, false),
+        ForwardCommand::Retry { db, .. } | ForwardCommand::Skip { db, .. } => (db, true),
+    };
+    let store = open_maintenance(db, writable)?;
+    match command {
+        ForwardCommand::NewSecret => unreachable!("answered above"),
+        ForwardCommand::List {
+            status,
+            order_id,
+            since,
+            limit,
+            json,
+            ..
+        } => {
+            let rows = store.forwards(&OutboxQuery {
+                status,
+                order_id,
+                since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
+                limit,
+            })?;
+            if json {
+                for row in &rows {
+                    print_json_line(row);
+                }
+                return DONE;
+            }
+            let rows = rows.into_iter().map(|r| {
+                let next_try = match (&r.lease_owner, &r.lease_until, &r.next_attempt_at) {
+                    (Some(owner), Some(until), _) if r.status == "pending" => {
+                        format!("leased by {owner} until {until}")
+                    }
+                    (_, _, Some(at)) => at.clone(),
+                    _ => "-".to_owned(),
+                };
+                [
+                    r.id.to_string(),
+                    r.status,
+                    r.attempts.to_string(),
+                    r.kind,
+                    r.order_id,
+                    r.message_id,
+                    next_try,
+                    r.last_error.unwrap_or_default(),
+                ]
+            });
+            print_columns(
+                [
+                    "ID",
+                    "STATUS",
+                    "ATTEMPTS",
+                    "TYPE",
+                    "ORDER_ID",
+                    "WEBHOOK_ID",
+                    "NEXT_TRY",
+                    "LAST_ERROR",
+                ],
+                rows.collect(),
+            );
+        }
+        ForwardCommand::Show { id, json, .. } => {
+            let (row, body) = store
+                .forward_row(id)?
+                .ok_or_else(|| format!("no forwarding row with id {id}"))?;
+            let message: serde_json::Value =
+                serde_json::from_str(&body).expect("the store's own JSON");
+            let shown = serde_json::json!({ "row": row, "message": message });
+            if json {
+                print_json_line(&shown);
+            } else {
+                let pretty = serde_json::to_string_pretty(&shown).expect("a row serialises");
+                crate::outln!("{}", escaped_json(&pretty));
+            }
+        }
+        ForwardCommand::Retry { id, .. } => {
+            let refused = match store.retry_forward(id, SystemClock.now_millis())? {
+                Retried::Revived => {
+                    crate::outln!("forwarding row {id}: dead -> pending");
+                    return DONE;
+                }
+                Retried::DueNow { was, attempts } => {
+                    crate::outln!(
+                        "forwarding row {id}: pending, due now (was due at {was}; attempts kept: \
+                         {attempts}); it goes once no earlier change of its order is pending"
+                    );
+                    return DONE;
+                }
+                Retried::Leased { owner, until } => format!(
+                    "forwarding row {id} is being sent by {} (its lease runs until {until})",
+                    Escaped(&owner)
+                ),
+                Retried::Finished { status } => format!(
+                    "forwarding row {id} is {status}: there is nothing to send again (only \
+                     pending and dead rows can be retried)"
+                ),
+                Retried::Missing => format!("no forwarding row with id {id}"),
+            };
+            return Err(refused.into());
+        }
+        ForwardCommand::Skip { id, .. } => {
+            let refused = match store.skip_forward(id, SystemClock.now_millis())? {
+                Skipped::Skipped { was } => {
+                    crate::outln!(
+                        "forwarding row {id}: {was} -> skipped (never sent; its order's later \
+                         changes may go)"
+                    );
+                    return DONE;
+                }
+                Skipped::Leased { owner, until } => format!(
+                    "forwarding row {id} is being sent by {} (its lease runs until {until}); \
+                     skip it after that if it is still pending",
+                    Escaped(&owner)
+                ),
+                Skipped::Finished { status } => {
+                    format!("forwarding row {id} is {status} already")
+                }
+                Skipped::Missing => format!("no forwarding row with id {id}"),
             };
             return Err(refused.into());
         }

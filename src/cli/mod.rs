@@ -30,6 +30,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }) => commands::set_status(&id, status, reason, by, &db),
         Command::Relay(args) => commands::relay(args),
         Command::Outbox(command) => commands::outbox(command),
+        Command::Forward(command) => commands::forward(command),
     };
     match result {
         Ok(code) => code,

@@ -179,7 +179,7 @@ pub fn spawn_relay(
 /// Lowers the calling thread's CPU priority by `steps` nice steps (to at most 19). On Linux a
 /// thread's nice value is its own (`setpriority` with no id applies to the calling thread),
 /// and threads it starts inherit it.
-fn lower_this_threads_priority(steps: i32) {
+pub(crate) fn lower_this_threads_priority(steps: i32) {
     use rustix::process::{getpriority_process, setpriority_process};
 
     let lowered = getpriority_process(None)
@@ -295,6 +295,7 @@ pub async fn run_relay(
                 owner: config.owner.clone(),
                 lease_ms: config.lease.as_millis() as i64,
                 limit: if outage > 0 { 1 } else { batch },
+                outbox: crate::store::OutboxKind::Email,
             };
             match queue.claim(request).await {
                 Ok(claimed) => claimed,
@@ -364,7 +365,7 @@ pub async fn run_relay(
             .zip(attempts)
             .map(|(email, attempt)| SendResult {
                 id: email.id,
-                outcome: outcome_of(&config, &mut rng, email, attempt, now),
+                outcome: outcome_of(&config, &mut rng, email.attempts, attempt, now),
             })
             .collect();
         // At most one batch's results in flight: they are recorded in order.
@@ -506,15 +507,16 @@ fn prepare(
     }
 }
 
-/// The row's next state after `attempt`.
-fn outcome_of(
+/// The next state of a row tried `attempts` times before, after `attempt` (`None`: nothing to
+/// send); for both outboxes.
+pub(crate) fn outcome_of(
     config: &RelayConfig,
     rng: &mut fastrand::Rng,
-    email: &ClaimedEmail,
+    attempts: i64,
     attempt: Option<Result<(), SendError>>,
     now: i64,
 ) -> SendOutcome {
-    let failures = email.attempts as u32 + 1;
+    let failures = attempts as u32 + 1;
     let Some(result) = attempt else {
         return SendOutcome::Skipped;
     };

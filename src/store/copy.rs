@@ -162,6 +162,24 @@ pub const TABLES: &[(&str, &[&str])] = &[
             "first_tried_at",
         ],
     ),
+    ("forward_state", &["only_row", "since"]),
+    (
+        "forward_outbox",
+        &[
+            "id",
+            "change_id",
+            "order_id",
+            "status",
+            "attempts",
+            "created_at",
+            "next_attempt_at",
+            "lease_owner",
+            "lease_until",
+            "last_error",
+            "sent_at",
+            "first_tried_at",
+        ],
+    ),
     (
         "idempotency_keys",
         &[

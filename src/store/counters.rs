@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::oneshot;
 
-use super::model::{ClaimedEmail, IdempotentOutcome, WriterStats};
+use super::model::{Claimed, IdempotentOutcome, WriterStats};
 use super::{CommitFaults, Outcome, StoreError, WriteError};
 
 /// Where a unit of work's answer goes.
@@ -54,10 +54,7 @@ pub(crate) enum Done {
         Reply<IdempotentOutcome>,
         Result<IdempotentOutcome, StoreError>,
     ),
-    OutboxClaim(
-        Reply<Vec<ClaimedEmail>>,
-        Result<Vec<ClaimedEmail>, StoreError>,
-    ),
+    OutboxClaim(Reply<Claimed>, Result<Claimed, StoreError>),
     OutboxResults(Reply<Vec<bool>>, Result<Vec<bool>, StoreError>),
 }
 

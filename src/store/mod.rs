@@ -32,11 +32,11 @@ use crate::domain::{NormalizedEvent, OrderStatus};
 pub use changes::{Change, ChangeCursor, ChangeRow, MAX_CHANGES_PAGE};
 pub use location::{maintenance, open, Location, Options};
 pub use model::{
-    BackupReport, ClaimRequest, ClaimedEmail, DeletedRun, EventDetail, EventQuery, EventSummary,
-    IdempotentOutcome, NewOrder, NextTry, OperatorChange, OrderView, OrdersOutsideRuns,
-    OutboxQuery, OutboxRow, PaymentView, Purged, Retried, RunCounts, RunDeletion, RunEmail,
-    RunMarker, SendOutcome, SendResult, SetStatusError, StoreStats, StoredResponse, Transition,
-    WriterStats, DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
+    BackupReport, ClaimRequest, Claimed, ClaimedEmail, ClaimedForward, DeletedRun, EventDetail,
+    EventQuery, EventSummary, ForwardRow, IdempotentOutcome, NewOrder, NextTry, OperatorChange,
+    OrderView, OrdersOutsideRuns, OutboxKind, OutboxQuery, OutboxRow, PaymentView, Purged, Retried,
+    RunCounts, RunDeletion, RunEmail, RunMarker, SendOutcome, SendResult, SetStatusError, Skipped,
+    StoreStats, StoredResponse, Transition, WriterStats, DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
 };
 
 /// A store failure, in engine-neutral kinds. What the database itself reported is kept as the
@@ -256,6 +256,20 @@ pub trait Store: Send + Sync {
         results: Vec<SendResult>,
     ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>>;
 
+    /// Claims up to `request.limit` due changes to forward under a lease for `request.owner`:
+    /// the oldest unfinished change of each order only, so that an order's changes go in order.
+    fn claim_forwards(
+        &self,
+        request: ClaimRequest,
+    ) -> BoxFuture<'_, Result<Vec<ClaimedForward>, WriteError>>;
+
+    /// [`Store::record_outbox_results`] for forwarded changes.
+    fn record_forward_results(
+        &self,
+        owner: String,
+        results: Vec<SendResult>,
+    ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>>;
+
     /// Deletes up to `limit` expired event ids and idempotency keys in one transaction.
     fn purge_batch(&self, limit: usize) -> BoxFuture<'_, Result<Purged, WriteError>>;
 
@@ -315,6 +329,23 @@ pub trait Maintenance {
     /// what it did, or why it did nothing (see [`Retried`]). One transaction: no relay's claim
     /// or result falls between the look and the change.
     fn retry(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError>;
+
+    /// The forwarding rows that match `query`, newest first (`sekali forward list`).
+    fn forwards(&self, query: &OutboxQuery) -> Result<Vec<ForwardRow>, StoreError>;
+
+    /// One forwarding row, with the body of its message (`sekali forward show`).
+    fn forward_row(&self, id: i64) -> Result<Option<(ForwardRow, String)>, StoreError>;
+
+    /// `sekali forward retry`: as [`Maintenance::retry`], for a forwarding row.
+    fn retry_forward(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError>;
+
+    /// `sekali forward skip`: a pending or dead row is never sent, and its order's later
+    /// changes may go; unless a relay is sending it right now. One transaction.
+    fn skip_forward(&self, id: i64, now_ms: i64) -> Result<Skipped, StoreError>;
+
+    /// Turns forwarding on (every change from now on also queued for the shop's endpoint) or
+    /// off; whether that changed anything.
+    fn set_forwarding(&self, on: bool, now_unix: i64) -> Result<bool, StoreError>;
 
     /// The operator's override: any status but the one the order has, recorded as a transition
     /// by `operator` with the operator's name and reason, with the customer notice the new status

@@ -117,12 +117,121 @@ pub enum Retried {
     Missing,
 }
 
-/// What a relay asks for: up to `limit` due rows, held for `owner` until `now + lease`.
+/// What a relay asks for: up to `limit` due rows of `outbox`, held for `owner` until
+/// `now + lease`.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {
     pub owner: String,
     pub lease_ms: i64,
     pub limit: usize,
+    pub outbox: OutboxKind,
+}
+
+/// The two outboxes, which one relay machinery sends: the customers' emails (`email_outbox`)
+/// and the order changes forwarded to the shop (`forward_outbox`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxKind {
+    Email,
+    Forward,
+}
+
+impl OutboxKind {
+    /// Its table.
+    pub fn table(self) -> &'static str {
+        match self {
+            OutboxKind::Email => "email_outbox",
+            OutboxKind::Forward => "forward_outbox",
+        }
+    }
+}
+
+/// A forwarding row as `sekali forward list/show` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForwardRow {
+    pub id: i64,
+    /// `webhook-id` of its message: `chg_` and the change's id.
+    pub message_id: String,
+    pub order_id: String,
+    /// The change's type (`order.paid`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub status: String,
+    pub attempts: i64,
+    pub created_at: String,
+    pub next_attempt_at: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<String>,
+    pub last_error: Option<String>,
+    pub sent_at: Option<String>,
+    pub first_tried_at: Option<String>,
+}
+
+/// What `sekali forward skip` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skipped {
+    /// It was pending or dead: now skipped, and its order's later changes may go.
+    Skipped {
+        was: String,
+    },
+    /// Pending under a live lease: being sent right now; left alone.
+    Leased {
+        owner: String,
+        until: String,
+    },
+    /// Sent or skipped already.
+    Finished {
+        status: String,
+    },
+    Missing,
+}
+
+/// A change claimed for forwarding: the message to send.
+#[derive(Debug, Clone)]
+pub struct ClaimedForward {
+    pub id: i64,
+    pub order_id: String,
+    /// `webhook-id`: the change's id (`chg_…`), the same on every attempt.
+    pub message_id: String,
+    /// The change as `GET /changes` serves it, as JSON.
+    pub body: String,
+    /// Tries before this one.
+    pub attempts: i64,
+}
+
+/// What a claim took, of the outbox it asked for.
+#[derive(Debug, Clone)]
+pub enum Claimed {
+    Emails(Vec<ClaimedEmail>),
+    Forwards(Vec<ClaimedForward>),
+}
+
+impl Claimed {
+    pub fn len(&self) -> usize {
+        match self {
+            Claimed::Emails(rows) => rows.len(),
+            Claimed::Forwards(rows) => rows.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The emails (none, for a claim of the other outbox).
+    pub fn emails(self) -> Vec<ClaimedEmail> {
+        match self {
+            Claimed::Emails(rows) => rows,
+            Claimed::Forwards(_) => Vec::new(),
+        }
+    }
+
+    /// The changes (none, for a claim of the other outbox).
+    pub fn forwards(self) -> Vec<ClaimedForward> {
+        match self {
+            Claimed::Forwards(rows) => rows,
+            Claimed::Emails(_) => Vec::new(),
+        }
+    }
 }
 
 /// What became of one claimed row.

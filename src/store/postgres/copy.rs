@@ -11,10 +11,11 @@ use super::{schema, StoreError, Target};
 use crate::store::copy::{Cell, Import, Visit, TABLES};
 
 /// The tables whose identity column a copy fills with the source's values.
-const IDENTITIES: [(&str, &str); 3] = [
+const IDENTITIES: [(&str, &str); 4] = [
     ("processed_events", "rowid"),
     ("order_transitions", "id"),
     ("email_outbox", "id"),
+    ("forward_outbox", "id"),
 ];
 
 impl ToSql for Cell {

@@ -9,7 +9,9 @@ use postgres::{Client, NoTls};
 use r2d2_postgres::PostgresConnectionManager;
 
 use super::writer::{Writer, WriterConfig};
-use super::{orders, outbox, purge, reads, runs, schema, Db, Statements, StoreError, Target};
+use super::{
+    forward, orders, outbox, purge, reads, runs, schema, Db, Statements, StoreError, Target,
+};
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
@@ -19,7 +21,8 @@ use crate::store::model::{
     Transition,
 };
 use crate::store::{
-    Change, ChangeCursor, CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError,
+    Change, ChangeCursor, ClaimedForward, CreateOrder, ForwardRow, Maintenance, OrderQuery,
+    OutboxKind, Outcome, Skipped, Store, WriteError,
 };
 
 /// Connections an instance keeps for `/healthz` and the orders API's reads.
@@ -127,7 +130,11 @@ impl Store for PgStore {
         &self,
         request: ClaimRequest,
     ) -> BoxFuture<'_, Result<Vec<ClaimedEmail>, WriteError>> {
-        Box::pin(self.writer.claim_outbox(request))
+        let request = ClaimRequest {
+            outbox: OutboxKind::Email,
+            ..request
+        };
+        Box::pin(async move { Ok(self.writer.claim_outbox(request).await?.emails()) })
     }
 
     fn record_outbox_results(
@@ -135,7 +142,32 @@ impl Store for PgStore {
         owner: String,
         results: Vec<SendResult>,
     ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>> {
-        Box::pin(self.writer.record_outbox_results(owner, results))
+        Box::pin(
+            self.writer
+                .record_outbox_results(owner, results, OutboxKind::Email),
+        )
+    }
+
+    fn claim_forwards(
+        &self,
+        request: ClaimRequest,
+    ) -> BoxFuture<'_, Result<Vec<ClaimedForward>, WriteError>> {
+        let request = ClaimRequest {
+            outbox: OutboxKind::Forward,
+            ..request
+        };
+        Box::pin(async move { Ok(self.writer.claim_outbox(request).await?.forwards()) })
+    }
+
+    fn record_forward_results(
+        &self,
+        owner: String,
+        results: Vec<SendResult>,
+    ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>> {
+        Box::pin(
+            self.writer
+                .record_outbox_results(owner, results, OutboxKind::Forward),
+        )
     }
 
     fn purge_batch(&self, limit: usize) -> BoxFuture<'_, Result<Purged, WriteError>> {
@@ -279,7 +311,27 @@ impl Maintenance for PgMaintenance {
     }
 
     fn retry(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
-        self.run(|db| outbox::retry(db, id, now_ms))
+        self.run(|db| outbox::retry(db, OutboxKind::Email, id, now_ms))
+    }
+
+    fn forwards(&self, query: &OutboxQuery) -> Result<Vec<ForwardRow>, StoreError> {
+        self.run(|db| forward::list(db, query))
+    }
+
+    fn forward_row(&self, id: i64) -> Result<Option<(ForwardRow, String)>, StoreError> {
+        self.run(|db| forward::get_row(db, id))
+    }
+
+    fn retry_forward(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
+        self.run(|db| outbox::retry(db, OutboxKind::Forward, id, now_ms))
+    }
+
+    fn skip_forward(&self, id: i64, now_ms: i64) -> Result<Skipped, StoreError> {
+        self.run(|db| forward::skip(db, id, now_ms))
+    }
+
+    fn set_forwarding(&self, on: bool, now_unix: i64) -> Result<bool, StoreError> {
+        self.run(|db| forward::set_forwarding(db, on, now_unix))
     }
 
     fn set_status_by_operator(

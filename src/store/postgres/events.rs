@@ -513,7 +513,8 @@ pub(crate) fn record_change(
 
 /// Appends to the audit trail, numbering the change among the order's: every writer of an order
 /// holds it (its row locked, or its key when it has none yet) before it records a change, so two
-/// instances never count the same number.
+/// instances never count the same number. While forwarding is on, the change waits to be
+/// forwarded too, in the same statement.
 pub(crate) fn record_transition(
     db: &mut Db<'_, '_>,
     by: &ChangedBy<'_>,
@@ -524,11 +525,16 @@ pub(crate) fn record_transition(
 ) -> Result<(), StoreError> {
     let from = from.map(OrderStatus::as_str);
     db.execute(
-        "INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount, provider,
-                                        event_id, changed_at, actor, reason, sequence, amount,
-                                        currency)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
-                 (SELECT count(*) + 1 FROM order_transitions WHERE order_id = $1), $10, $11)",
+        "WITH change AS (
+             INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount,
+                                            provider, event_id, changed_at, actor, reason,
+                                            sequence, amount, currency)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
+                     (SELECT count(*) + 1 FROM order_transitions WHERE order_id = $1), $10, $11)
+             RETURNING id)
+         INSERT INTO forward_outbox (change_id, order_id, created_at, next_attempt_at)
+         SELECT change.id, $1, $7::text, replace($7::text, 'Z', '.000Z')
+         FROM change, forward_state",
         &[
             &order_id,
             &from,

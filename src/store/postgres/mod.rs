@@ -18,6 +18,7 @@ pub mod connect;
 pub mod copy;
 mod engine;
 pub mod events;
+pub mod forward;
 pub mod idempotency;
 pub mod ledger;
 pub mod orders;

@@ -259,6 +259,36 @@ pub fn publish_changes(db: &mut Db<'_, '_>) -> Result<u64, StoreError> {
     )
 }
 
+/// The columns [`change_row`] reads: a change and its order. A macro, so that statements stay
+/// `&'static str` literals.
+macro_rules! change_columns {
+    () => {
+        "t.position, t.id, t.order_id, t.from_status, t.to_status, t.refunded_amount, t.provider,
+         t.event_id, t.changed_at, t.sequence, t.amount, t.currency, o.provider, o.metadata
+         FROM order_transitions AS t JOIN orders AS o USING (order_id)"
+    };
+}
+
+fn change_row(row: &Row) -> Result<Change, StoreError> {
+    Ok(Change::from(ChangeRow {
+        // A change not yet given its place (only forwarding reads those) has none to page from.
+        position: get::<Option<i64>>(row, 0)?.unwrap_or(0),
+        id: get(row, 1)?,
+        order_id: get(row, 2)?,
+        from_status: get(row, 3)?,
+        to_status: get(row, 4)?,
+        refunded_amount: get(row, 5)?,
+        changed_by: get(row, 6)?,
+        event_id: get(row, 7)?,
+        changed_at: get(row, 8)?,
+        sequence: get(row, 9)?,
+        amount: get(row, 10)?,
+        currency: get(row, 11)?,
+        provider: get(row, 12)?,
+        metadata: get(row, 13)?,
+    }))
+}
+
 /// Up to `limit` order changes after `after`, in the order of their places in the feed (see
 /// [`publish_changes`], which the caller runs first).
 pub fn changes(
@@ -267,32 +297,22 @@ pub fn changes(
     limit: u32,
 ) -> Result<Vec<Change>, StoreError> {
     db.query(
-        "SELECT t.position, t.id, t.order_id, t.from_status, t.to_status,
-                t.refunded_amount, t.provider, t.event_id, t.changed_at, t.sequence, t.amount,
-                t.currency, o.provider, o.metadata
-         FROM order_transitions AS t JOIN orders AS o USING (order_id)
-         WHERE t.position > $1::bigint
-         ORDER BY t.position LIMIT $2::bigint",
+        concat!(
+            "SELECT ",
+            change_columns!(),
+            " WHERE t.position > $1::bigint ORDER BY t.position LIMIT $2::bigint"
+        ),
         &[&after.map_or(0, |c| c.0), &i64::from(limit)],
     )?
     .iter()
-    .map(|row| {
-        Ok(Change::from(ChangeRow {
-            position: get(row, 0)?,
-            id: get(row, 1)?,
-            order_id: get(row, 2)?,
-            from_status: get(row, 3)?,
-            to_status: get(row, 4)?,
-            refunded_amount: get(row, 5)?,
-            changed_by: get(row, 6)?,
-            event_id: get(row, 7)?,
-            changed_at: get(row, 8)?,
-            sequence: get(row, 9)?,
-            amount: get(row, 10)?,
-            currency: get(row, 11)?,
-            provider: get(row, 12)?,
-            metadata: get(row, 13)?,
-        }))
-    })
+    .map(change_row)
     .collect()
+}
+
+/// The change `id` (what forwarding sends for it).
+pub fn change_by_id(db: &mut Db<'_, '_>, id: i64) -> Result<Change, StoreError> {
+    change_row(&db.query_one(
+        concat!("SELECT ", change_columns!(), " WHERE t.id = $1"),
+        &[&id],
+    )?)
 }

@@ -14,12 +14,25 @@ use super::reads::{params, Filters};
 use super::{Db, StoreError};
 use crate::clock::{iso_millis, iso_seconds};
 use crate::store::model::{
-    ClaimRequest, ClaimedEmail, OutboxQuery, OutboxRow, Retried, SendOutcome, SendResult,
+    ClaimRequest, Claimed, ClaimedEmail, OutboxKind, OutboxQuery, OutboxRow, Retried, SendOutcome,
+    SendResult,
 };
 
-/// Claims due rows inside the caller's transaction (the writer's batch, for the relay inside
-/// `serve`). One UPDATE claims them all.
+/// Claims due rows of the outbox `request` names inside the caller's transaction (the writer's
+/// batch, for the relays inside `serve`).
 pub fn claim_due_in_transaction(
+    db: &mut Db<'_, '_>,
+    request: &ClaimRequest,
+    now_ms: i64,
+) -> Result<Claimed, StoreError> {
+    Ok(match request.outbox {
+        OutboxKind::Email => Claimed::Emails(claim_emails(db, request, now_ms)?),
+        OutboxKind::Forward => Claimed::Forwards(super::forward::claim_due(db, request, now_ms)?),
+    })
+}
+
+/// Claims due emails. One UPDATE claims them all.
+fn claim_emails(
     db: &mut Db<'_, '_>,
     request: &ClaimRequest,
     now_ms: i64,
@@ -90,12 +103,69 @@ fn locale_of(metadata: &str) -> Option<String> {
     value.get("locale")?.as_str().map(str::to_owned)
 }
 
+/// A relay's three results (sent; failed or untried; skipped) as statements on `$table`: each
+/// outbox's must be a `&'static str` of its own ([`Db`] keeps statements by address).
+macro_rules! results_sql {
+    ($table:literal) => {
+        [
+            concat!("UPDATE ", $table, " SET status = 'sent', attempts = attempts + 1, sent_at = $3::text,
+                first_tried_at = coalesce(first_tried_at, $3::text),
+                next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL
+         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text"),
+            concat!("UPDATE ", $table, " SET attempts = attempts + $6::bigint, last_error = $4::text,
+                first_tried_at = CASE WHEN $6::bigint > 0 THEN coalesce(first_tried_at, $3::text)
+                                      ELSE first_tried_at END,
+                status = CASE WHEN $5::text IS NULL THEN 'dead' ELSE 'pending' END,
+                next_attempt_at = $5::text, lease_owner = NULL, lease_until = NULL
+         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text"),
+            concat!("UPDATE ", $table, " SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
+                lease_until = NULL, last_error = 'no recipient address'
+         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text"),
+        ]
+    };
+}
+
+static EMAIL_RESULTS: [&str; 3] = results_sql!("email_outbox");
+static FORWARD_RESULTS: [&str; 3] = results_sql!("forward_outbox");
+
+/// `sekali outbox retry`'s statements on `$table`: look (locked), revive, make due.
+macro_rules! retry_sql {
+    ($table:literal) => {
+        [
+            concat!(
+                "SELECT status, next_attempt_at, attempts, lease_owner, lease_until
+         FROM ",
+                $table,
+                " WHERE id = $1 FOR UPDATE"
+            ),
+            concat!(
+                "UPDATE ",
+                $table,
+                " SET status = 'pending', attempts = 0, next_attempt_at = $2::text,
+                        lease_owner = NULL, lease_until = NULL, first_tried_at = NULL
+                 WHERE id = $1"
+            ),
+            concat!(
+                "UPDATE ",
+                $table,
+                " SET next_attempt_at = LEAST(coalesce(next_attempt_at, $2::text), $2::text),
+                        lease_owner = NULL, lease_until = NULL
+                 WHERE id = $1"
+            ),
+        ]
+    };
+}
+
+static EMAIL_RETRY: [&str; 3] = retry_sql!("email_outbox");
+static FORWARD_RETRY: [&str; 3] = retry_sql!("forward_outbox");
+
 /// Records every result of a relay's batch inside the caller's transaction: one commit (and one
 /// fsync) for the batch, not one per row. A result is recorded only while `owner` still holds
 /// the row's lease; the answer says, per result, whether it was (false: the lease ran out and
 /// another relay may have the row).
 pub fn record_results_in_transaction(
     db: &mut Db<'_, '_>,
+    outbox: OutboxKind,
     owner: &str,
     results: &[SendResult],
     now_ms: i64,
@@ -108,26 +178,17 @@ pub fn record_results_in_transaction(
     // Each UPDATE checks the lease on the row's latest version (READ COMMITTED re-reads a row
     // another transaction changed before updating it), so a result whose lease another
     // instance's claim took over meanwhile changes nothing.
-    static SENT: &str = "UPDATE email_outbox SET status = 'sent', attempts = attempts + 1, sent_at = $3::text,
-                first_tried_at = coalesce(first_tried_at, $3::text),
-                next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL
-         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text";
-    static FAILED: &str = "UPDATE email_outbox SET attempts = attempts + $6::bigint, last_error = $4::text,
-                first_tried_at = CASE WHEN $6::bigint > 0 THEN coalesce(first_tried_at, $3::text)
-                                      ELSE first_tried_at END,
-                status = CASE WHEN $5::text IS NULL THEN 'dead' ELSE 'pending' END,
-                next_attempt_at = $5::text, lease_owner = NULL, lease_until = NULL
-         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text";
-    static SKIPPED: &str = "UPDATE email_outbox SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
-                lease_until = NULL, last_error = 'no recipient address'
-         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text";
+    let [sent, failed, skipped] = match outbox {
+        OutboxKind::Email => &EMAIL_RESULTS,
+        OutboxKind::Forward => &FORWARD_RESULTS,
+    };
     results
         .iter()
         .map(|result| {
             let changed = match &result.outcome {
-                SendOutcome::Sent => db.execute(SENT, &[&result.id, &owner, &now])?,
+                SendOutcome::Sent => db.execute(sent, &[&result.id, &owner, &now])?,
                 SendOutcome::Failed { error, retry_at_ms } => db.execute(
-                    FAILED,
+                    failed,
                     &[
                         &result.id,
                         &owner,
@@ -138,7 +199,7 @@ pub fn record_results_in_transaction(
                     ],
                 )?,
                 SendOutcome::Untried { error, retry_at_ms } => db.execute(
-                    FAILED,
+                    failed,
                     &[
                         &result.id,
                         &owner,
@@ -148,7 +209,7 @@ pub fn record_results_in_transaction(
                         &0_i64,
                     ],
                 )?,
-                SendOutcome::Skipped => db.execute(SKIPPED, &[&result.id, &owner, &now])?,
+                SendOutcome::Skipped => db.execute(skipped, &[&result.id, &owner, &now])?,
             };
             Ok(changed == 1)
         })
@@ -158,18 +219,23 @@ pub fn record_results_in_transaction(
 /// `sekali outbox retry` (see [`Retried`]), in the caller's transaction (SQLite opened its own
 /// write transaction): the caller commits it. Times are fixed-width text here, compared as
 /// text, as the claim compares them.
-pub fn retry(db: &mut Db<'_, '_>, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
+pub fn retry(
+    db: &mut Db<'_, '_>,
+    outbox: OutboxKind,
+    id: i64,
+    now_ms: i64,
+) -> Result<Retried, StoreError> {
     let now = iso_millis(now_ms);
+    let [look, revive, due_now] = match outbox {
+        OutboxKind::Email => &EMAIL_RETRY,
+        OutboxKind::Forward => &FORWARD_RETRY,
+    };
     // FOR UPDATE: SQLite's write transaction kept every relay out between this read and the
     // update below. Here a relay on another instance could claim the row (or record its
     // result) in between: the update would then clear a lease just taken (two relays sending
     // one email) or revive a row just sent. Locked, a claim in progress is waited for and then
     // read as it committed, and a claim after this one skips the row until the commit.
-    let row = db.query_opt(
-        "SELECT status, next_attempt_at, attempts, lease_owner, lease_until
-         FROM email_outbox WHERE id = $1 FOR UPDATE",
-        &[&id],
-    )?;
+    let row = db.query_opt(look, &[&id])?;
     let Some(row) = row else {
         return Ok(Retried::Missing);
     };
@@ -180,12 +246,7 @@ pub fn retry(db: &mut Db<'_, '_>, id: i64, now_ms: i64) -> Result<Retried, Store
     let lease_until: Option<String> = super::get(&row, 4)?;
     match (status.as_str(), lease_owner, lease_until) {
         ("dead", _, _) => {
-            db.execute(
-                "UPDATE email_outbox SET status = 'pending', attempts = 0, next_attempt_at = $2::text,
-                        lease_owner = NULL, lease_until = NULL, first_tried_at = NULL
-                 WHERE id = $1",
-                &[&id, &now],
-            )?;
+            db.execute(revive, &[&id, &now])?;
             Ok(Retried::Revived)
         }
         ("pending", Some(owner), Some(until)) if until > now => {
@@ -194,12 +255,7 @@ pub fn retry(db: &mut Db<'_, '_>, id: i64, now_ms: i64) -> Result<Retried, Store
         ("pending", _, _) => {
             // A row already due keeps its time, and so its place in the claims' order; a
             // lease that ran out (its relay died) is cleared.
-            db.execute(
-                "UPDATE email_outbox SET next_attempt_at = LEAST(coalesce(next_attempt_at, $2::text), $2::text),
-                        lease_owner = NULL, lease_until = NULL
-                 WHERE id = $1",
-                &[&id, &now],
-            )?;
+            db.execute(due_now, &[&id, &now])?;
             Ok(Retried::DueNow {
                 was: next_attempt_at.unwrap_or(now),
                 attempts,

@@ -99,6 +99,10 @@ pub fn delete_run(
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
+    db.execute(
+        "DELETE FROM forward_outbox WHERE starts_with(order_id, $1::text)",
+        &[&orders],
+    )?;
     let transitions = db.execute(
         "DELETE FROM order_transitions WHERE starts_with(order_id, $1::text)",
         &[&orders],

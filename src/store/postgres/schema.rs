@@ -7,7 +7,7 @@
 //!
 //! 8. `order_transitions.sequence`, `.amount`, `.currency` (as in SQLite) and `.position` (the
 //!    change feed's place; the rows before get theirs in id order) with its indexes, added in
-//!    place.
+//!    place; the forwarding tables, `forward_state` and `forward_outbox`.
 
 use postgres::Client;
 
@@ -66,6 +66,8 @@ pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
         Some(found) if found < SCHEMA_VERSION => {
             if found < 8 {
                 tx.batch_execute(V8_TRANSITIONS)?;
+                // The forwarding tables.
+                tx.batch_execute(SCHEMA_SQL)?;
             }
             tx.execute("UPDATE sekali_schema SET version = $1", &[&SCHEMA_VERSION])?;
             tracing::info!(

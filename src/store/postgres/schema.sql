@@ -371,6 +371,51 @@ CREATE INDEX IF NOT EXISTS email_outbox_due ON email_outbox (status, next_attemp
 -- insert (ON CONFLICT (order_id, idempotency_key)).
 CREATE UNIQUE INDEX IF NOT EXISTS email_outbox_order_key ON email_outbox (order_id, idempotency_key);
 
+
+-- Forwarding of order changes to the shop's endpoint (docs/forwarding.md). While this table has
+-- its one row, every order change (order_transitions) also gets a row in forward_outbox, in the
+-- change's transaction. `sekali serve` puts the row in place when it starts with
+-- SEKALI_FORWARD_URL set, and removes it when it starts without; changes made while it is absent
+-- are not forwarded (the change feed, GET /changes, has them). Added in version 8.
+CREATE TABLE IF NOT EXISTS forward_state (
+    only_row          BIGINT PRIMARY KEY CHECK (only_row = 1),
+    -- When forwarding was turned on.
+    since             TEXT COLLATE "C" NOT NULL
+);
+
+-- Order changes to forward, and what became of each: one row per change while forwarding is on.
+-- Sent in order per order: a row is claimed only while no earlier row of its order is pending or
+-- dead, so a dead row holds its order's later changes until it is retried or skipped
+-- (`sekali forward retry|skip ID`). The message's webhook-id is 'chg_' || change_id, the same on
+-- every attempt; its body is the change as GET /changes serves it. Added in version 8.
+CREATE TABLE IF NOT EXISTS forward_outbox (
+    -- INTEGER PRIMARY KEY (the rowid) in SQLite; see "Row ids" above.
+    id                BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- The change forwarded (order_transitions.id).
+    change_id         BIGINT NOT NULL UNIQUE REFERENCES order_transitions (id),
+    order_id          TEXT COLLATE "C" NOT NULL,
+    -- pending: waiting to be sent (again); sent: the endpoint answered 2xx; dead: a permanent
+    -- refusal or the attempt limit (see last_error); skipped: an operator skipped it.
+    status            TEXT COLLATE "C" NOT NULL DEFAULT 'pending'
+                      CHECK (status = 'pending' OR status = 'sent' OR status = 'dead'
+                             OR status = 'skipped'),
+    -- Tries so far (an unreachable endpoint, or a lease running out, is not a try).
+    attempts          BIGINT NOT NULL DEFAULT 0,
+    created_at        TEXT COLLATE "C" NOT NULL,
+    -- The timing columns as email_outbox's: fixed-width millisecond UTC. NULL once finished.
+    next_attempt_at   TEXT COLLATE "C",
+    lease_owner       TEXT COLLATE "C",
+    lease_until       TEXT COLLATE "C",
+    last_error        TEXT COLLATE "C",
+    sent_at           TEXT COLLATE "C",
+    first_tried_at    TEXT COLLATE "C"
+);
+
+CREATE INDEX IF NOT EXISTS forward_outbox_due ON forward_outbox (status, next_attempt_at);
+-- An order's unfinished rows, which hold its later ones.
+CREATE INDEX IF NOT EXISTS forward_outbox_order ON forward_outbox (order_id, id)
+    WHERE status = 'pending' OR status = 'dead';
+
 -- Idempotency-Key records for sekali's own API (POST /orders), per calling client. The claim,
 -- the work and the stored response commit in one transaction, so a row is always complete
 -- (status 'completed'); a retry with the same key and request gets response_body back byte for

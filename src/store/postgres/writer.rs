@@ -24,7 +24,7 @@ use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderRef, Outcome};
 use crate::store::counters::{Done, Reply, WriterCounters};
 use crate::store::model::{
-    ClaimRequest, ClaimedEmail, IdempotentOutcome, Purged, SendResult, WriterStats,
+    ClaimRequest, Claimed, IdempotentOutcome, OutboxKind, Purged, SendResult, WriterStats,
 };
 use crate::store::{CommitFaults, CreateOrder, ErrorKind, WriteError};
 
@@ -67,11 +67,12 @@ enum Work {
     },
     OutboxClaim {
         request: ClaimRequest,
-        reply: Reply<Vec<ClaimedEmail>>,
+        reply: Reply<Claimed>,
     },
     OutboxResults {
         owner: String,
         results: Vec<SendResult>,
+        outbox: OutboxKind,
         reply: Reply<Vec<bool>>,
     },
 }
@@ -156,10 +157,7 @@ impl Writer {
             .await
     }
 
-    pub async fn claim_outbox(
-        &self,
-        request: ClaimRequest,
-    ) -> Result<Vec<ClaimedEmail>, WriteError> {
+    pub async fn claim_outbox(&self, request: ClaimRequest) -> Result<Claimed, WriteError> {
         self.submit(|reply| Work::OutboxClaim { request, reply })
             .await
     }
@@ -168,10 +166,12 @@ impl Writer {
         &self,
         owner: String,
         results: Vec<SendResult>,
+        outbox: OutboxKind,
     ) -> Result<Vec<bool>, WriteError> {
         self.submit(|reply| Work::OutboxResults {
             owner,
             results,
+            outbox,
             reply,
         })
         .await
@@ -466,7 +466,7 @@ fn begin(client: &mut Client) -> Option<postgres::Transaction<'_>> {
 /// What a unit that can run twice did, before its answer is due.
 enum Ran {
     Delivery(Outcome),
-    Claim(Vec<ClaimedEmail>),
+    Claim(Claimed),
     Results(Vec<bool>),
 }
 
@@ -502,9 +502,14 @@ fn run_rerunnable(
         Work::OutboxClaim { request, .. } => {
             Ran::Claim(outbox::claim_due_in_transaction(db, request, now_ms)?)
         }
-        Work::OutboxResults { owner, results, .. } => Ran::Results(
-            outbox::record_results_in_transaction(db, owner, results, now_ms)?,
-        ),
+        Work::OutboxResults {
+            owner,
+            results,
+            outbox: kind,
+            ..
+        } => Ran::Results(outbox::record_results_in_transaction(
+            db, *kind, owner, results, now_ms,
+        )?),
         Work::Idempotent { .. } => unreachable!("API work runs in a savepoint of its own"),
     })
 }
@@ -604,11 +609,12 @@ fn run_unit(
         Work::OutboxResults {
             owner,
             results,
+            outbox: kind,
             reply,
         } => {
             match rerun(
                 db,
-                |db| outbox::record_results_in_transaction(db, &owner, &results, now_ms),
+                |db| outbox::record_results_in_transaction(db, kind, &owner, &results, now_ms),
                 |_| true,
             ) {
                 Ok(result) => (Done::OutboxResults(reply, result), None),

@@ -8,7 +8,7 @@ use futures_util::future::BoxFuture;
 use rusqlite::Connection;
 
 use super::writer::{Writer, WriterConfig};
-use super::{backup, orders, outbox, purge, reads, runs, ReadPool, StoreError};
+use super::{backup, forward, orders, outbox, purge, reads, runs, ReadPool, StoreError};
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
@@ -18,7 +18,8 @@ use crate::store::model::{
     Transition,
 };
 use crate::store::{
-    Change, ChangeCursor, CreateOrder, Maintenance, OrderQuery, Outcome, Store, WriteError,
+    Change, ChangeCursor, ClaimedForward, CreateOrder, ForwardRow, Maintenance, OrderQuery,
+    OutboxKind, Outcome, Skipped, Store, WriteError,
 };
 
 /// Read-only connections the server keeps for `/healthz` and the orders API's reads.
@@ -86,7 +87,11 @@ impl Store for SqliteStore {
         &self,
         request: ClaimRequest,
     ) -> BoxFuture<'_, Result<Vec<ClaimedEmail>, WriteError>> {
-        Box::pin(self.writer.claim_outbox(request))
+        let request = ClaimRequest {
+            outbox: OutboxKind::Email,
+            ..request
+        };
+        Box::pin(async move { Ok(self.writer.claim_outbox(request).await?.emails()) })
     }
 
     fn record_outbox_results(
@@ -94,7 +99,32 @@ impl Store for SqliteStore {
         owner: String,
         results: Vec<SendResult>,
     ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>> {
-        Box::pin(self.writer.record_outbox_results(owner, results))
+        Box::pin(
+            self.writer
+                .record_outbox_results(owner, results, OutboxKind::Email),
+        )
+    }
+
+    fn claim_forwards(
+        &self,
+        request: ClaimRequest,
+    ) -> BoxFuture<'_, Result<Vec<ClaimedForward>, WriteError>> {
+        let request = ClaimRequest {
+            outbox: OutboxKind::Forward,
+            ..request
+        };
+        Box::pin(async move { Ok(self.writer.claim_outbox(request).await?.forwards()) })
+    }
+
+    fn record_forward_results(
+        &self,
+        owner: String,
+        results: Vec<SendResult>,
+    ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>> {
+        Box::pin(
+            self.writer
+                .record_outbox_results(owner, results, OutboxKind::Forward),
+        )
     }
 
     fn purge_batch(&self, limit: usize) -> BoxFuture<'_, Result<Purged, WriteError>> {
@@ -188,7 +218,27 @@ impl Maintenance for SqliteMaintenance {
     }
 
     fn retry(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
-        outbox::retry(&self.conn, id, now_ms)
+        outbox::retry(&self.conn, OutboxKind::Email, id, now_ms)
+    }
+
+    fn forwards(&self, query: &OutboxQuery) -> Result<Vec<ForwardRow>, StoreError> {
+        Ok(forward::list(&self.conn, query)?)
+    }
+
+    fn forward_row(&self, id: i64) -> Result<Option<(ForwardRow, String)>, StoreError> {
+        Ok(forward::get(&self.conn, id)?)
+    }
+
+    fn retry_forward(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
+        outbox::retry(&self.conn, OutboxKind::Forward, id, now_ms)
+    }
+
+    fn skip_forward(&self, id: i64, now_ms: i64) -> Result<Skipped, StoreError> {
+        forward::skip(&self.conn, id, now_ms)
+    }
+
+    fn set_forwarding(&self, on: bool, now_unix: i64) -> Result<bool, StoreError> {
+        forward::set_forwarding(&self.conn, on, now_unix)
     }
 
     fn set_status_by_operator(

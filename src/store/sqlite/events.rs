@@ -462,7 +462,7 @@ pub(crate) fn record_change(
 }
 
 /// Appends to the audit trail, numbering the change among the order's (the one writer adds the
-/// order's changes one after the other).
+/// order's changes one after the other), and queues the change for forwarding while that is on.
 pub(crate) fn record_transition(
     db: &mut Statements<'_>,
     by: &ChangedBy<'_>,
@@ -491,6 +491,12 @@ pub(crate) fn record_transition(
         to.amount,
         to.currency,
     ])?;
+    // While forwarding is on, the change waits to be forwarded too: in this transaction.
+    db.prepare(
+        "INSERT INTO forward_outbox (change_id, order_id, created_at, next_attempt_at)
+         SELECT last_insert_rowid(), ?1, ?2, replace(?2, 'Z', '.000Z') FROM forward_state",
+    )?
+    .execute(params![order_id, now])?;
     Ok(())
 }
 

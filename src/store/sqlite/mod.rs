@@ -10,6 +10,7 @@
 pub mod backup;
 pub mod copy;
 pub mod events;
+pub mod forward;
 pub mod idempotency;
 pub mod ledger;
 pub mod orders;

@@ -209,6 +209,30 @@ pub fn set_status_by_operator(
     }
 }
 
+/// The columns [`change_row`] reads: a change and its order.
+const CHANGE_COLUMNS: &str = "t.id, t.order_id, t.from_status, t.to_status, t.refunded_amount, \
+     t.provider, t.event_id, t.changed_at, t.sequence, t.amount, t.currency, o.provider, \
+     o.metadata FROM order_transitions AS t JOIN orders AS o USING (order_id)";
+
+fn change_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Change> {
+    Ok(Change::from(ChangeRow {
+        position: row.get(0)?,
+        id: row.get(0)?,
+        order_id: row.get(1)?,
+        from_status: row.get(2)?,
+        to_status: row.get(3)?,
+        refunded_amount: row.get(4)?,
+        changed_by: row.get(5)?,
+        event_id: row.get(6)?,
+        changed_at: row.get(7)?,
+        sequence: row.get(8)?,
+        amount: row.get(9)?,
+        currency: row.get(10)?,
+        provider: row.get(11)?,
+        metadata: row.get(12)?,
+    }))
+}
+
 /// Up to `limit` order changes after `after`, by id: the one writer commits them in id order,
 /// so a change's id is its place in the feed.
 pub fn changes(
@@ -216,29 +240,15 @@ pub fn changes(
     after: Option<ChangeCursor>,
     limit: u32,
 ) -> rusqlite::Result<Vec<Change>> {
-    conn.prepare_cached(
-        "SELECT t.id, t.order_id, t.from_status, t.to_status, t.refunded_amount, t.provider,
-                t.event_id, t.changed_at, t.sequence, t.amount, t.currency, o.provider, o.metadata
-         FROM order_transitions AS t JOIN orders AS o USING (order_id)
-         WHERE t.id > ?1 ORDER BY t.id LIMIT ?2",
-    )?
-    .query_map(params![after.map_or(0, |c| c.0), limit], |row| {
-        Ok(Change::from(ChangeRow {
-            position: row.get(0)?,
-            id: row.get(0)?,
-            order_id: row.get(1)?,
-            from_status: row.get(2)?,
-            to_status: row.get(3)?,
-            refunded_amount: row.get(4)?,
-            changed_by: row.get(5)?,
-            event_id: row.get(6)?,
-            changed_at: row.get(7)?,
-            sequence: row.get(8)?,
-            amount: row.get(9)?,
-            currency: row.get(10)?,
-            provider: row.get(11)?,
-            metadata: row.get(12)?,
-        }))
-    })?
+    conn.prepare_cached(&format!(
+        "SELECT {CHANGE_COLUMNS} WHERE t.id > ?1 ORDER BY t.id LIMIT ?2"
+    ))?
+    .query_map(params![after.map_or(0, |c| c.0), limit], change_row)?
     .collect()
+}
+
+/// The change `id` (what forwarding sends for it).
+pub fn change_by_id(conn: &Connection, id: i64) -> rusqlite::Result<Change> {
+    conn.prepare_cached(&format!("SELECT {CHANGE_COLUMNS} WHERE t.id = ?1"))?
+        .query_row([id], change_row)
 }

@@ -6,7 +6,8 @@
 //! timeout, and a relay that overran its lease finds its update refused.
 
 use crate::store::model::{
-    ClaimRequest, ClaimedEmail, OutboxQuery, OutboxRow, Retried, SendOutcome, SendResult,
+    ClaimRequest, Claimed, ClaimedEmail, OutboxKind, OutboxQuery, OutboxRow, Retried, SendOutcome,
+    SendResult,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -14,7 +15,7 @@ use super::reads::Filters;
 use super::StoreError;
 use crate::clock::{iso_millis, iso_seconds};
 
-fn in_write_transaction<T>(
+pub(super) fn in_write_transaction<T>(
     conn: &Connection,
     work: impl FnOnce() -> rusqlite::Result<T>,
 ) -> Result<T, StoreError> {
@@ -31,9 +32,21 @@ fn in_write_transaction<T>(
     }
 }
 
-/// Claims due rows inside the caller's transaction (the writer's batch, for the relay inside
-/// `serve`). One UPDATE claims them all.
+/// Claims due rows of the outbox `request` names inside the caller's transaction (the writer's
+/// batch, for the relays inside `serve`).
 pub fn claim_due_in_transaction(
+    conn: &Connection,
+    request: &ClaimRequest,
+    now_ms: i64,
+) -> rusqlite::Result<Claimed> {
+    Ok(match request.outbox {
+        OutboxKind::Email => Claimed::Emails(claim_emails(conn, request, now_ms)?),
+        OutboxKind::Forward => Claimed::Forwards(super::forward::claim_due(conn, request, now_ms)?),
+    })
+}
+
+/// Claims due emails. One UPDATE claims them all.
+fn claim_emails(
     conn: &Connection,
     request: &ClaimRequest,
     now_ms: i64,
@@ -95,6 +108,7 @@ pub fn claim_due_in_transaction(
 /// another relay may have the row).
 pub fn record_results_in_transaction(
     conn: &Connection,
+    outbox: OutboxKind,
     owner: &str,
     results: &[SendResult],
     now_ms: i64,
@@ -107,25 +121,26 @@ pub fn record_results_in_transaction(
         )
     ));
     let now = iso_millis(now_ms);
-    let mut sent = conn.prepare_cached(
-        "UPDATE email_outbox SET status = 'sent', attempts = attempts + 1, sent_at = ?3,
+    let table = outbox.table();
+    let mut sent = conn.prepare_cached(&format!(
+        "UPDATE {table} SET status = 'sent', attempts = attempts + 1, sent_at = ?3,
                 first_tried_at = coalesce(first_tried_at, ?3),
                 next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL
-         WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
-    )?;
-    let mut failed = conn.prepare_cached(
-        "UPDATE email_outbox SET attempts = attempts + ?6, last_error = ?4,
+         WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3"
+    ))?;
+    let mut failed = conn.prepare_cached(&format!(
+        "UPDATE {table} SET attempts = attempts + ?6, last_error = ?4,
                 first_tried_at = CASE WHEN ?6 > 0 THEN coalesce(first_tried_at, ?3)
                                       ELSE first_tried_at END,
                 status = CASE WHEN ?5 IS NULL THEN 'dead' ELSE 'pending' END,
                 next_attempt_at = ?5, lease_owner = NULL, lease_until = NULL
-         WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
-    )?;
-    let mut skipped = conn.prepare_cached(
-        "UPDATE email_outbox SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
+         WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3"
+    ))?;
+    let mut skipped = conn.prepare_cached(&format!(
+        "UPDATE {table} SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
                 lease_until = NULL, last_error = 'no recipient address'
-         WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3",
-    )?;
+         WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3"
+    ))?;
     results
         .iter()
         .map(|result| {
@@ -156,14 +171,20 @@ pub fn record_results_in_transaction(
 
 /// `sekali outbox retry` (see [`Retried`]), in one write transaction. Times are fixed-width
 /// text here, compared as text, as the claim compares them.
-pub fn retry(conn: &Connection, id: i64, now_ms: i64) -> Result<Retried, StoreError> {
+pub fn retry(
+    conn: &Connection,
+    outbox: OutboxKind,
+    id: i64,
+    now_ms: i64,
+) -> Result<Retried, StoreError> {
+    let table = outbox.table();
     let now = iso_millis(now_ms);
     in_write_transaction(conn, || {
         let row = conn
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "SELECT status, next_attempt_at, attempts, lease_owner, lease_until
-                 FROM email_outbox WHERE id = ?1",
-            )?
+                 FROM {table} WHERE id = ?1"
+            ))?
             .query_row([id], |row| {
                 Ok((
                     row.get::<_, String>(0)?,
@@ -179,11 +200,11 @@ pub fn retry(conn: &Connection, id: i64, now_ms: i64) -> Result<Retried, StoreEr
         };
         match (status.as_str(), lease_owner, lease_until) {
             ("dead", _, _) => {
-                conn.prepare_cached(
-                    "UPDATE email_outbox SET status = 'pending', attempts = 0, next_attempt_at = ?2,
+                conn.prepare_cached(&format!(
+                    "UPDATE {table} SET status = 'pending', attempts = 0, next_attempt_at = ?2,
                             lease_owner = NULL, lease_until = NULL, first_tried_at = NULL
-                     WHERE id = ?1",
-                )?
+                     WHERE id = ?1"
+                ))?
                 .execute(params![id, now])?;
                 Ok(Retried::Revived)
             }
@@ -193,11 +214,11 @@ pub fn retry(conn: &Connection, id: i64, now_ms: i64) -> Result<Retried, StoreEr
             ("pending", _, _) => {
                 // A row already due keeps its time, and so its place in the claims' order; a
                 // lease that ran out (its relay died) is cleared.
-                conn.prepare_cached(
-                    "UPDATE email_outbox SET next_attempt_at = min(coalesce(next_attempt_at, ?2), ?2),
+                conn.prepare_cached(&format!(
+                    "UPDATE {table} SET next_attempt_at = min(coalesce(next_attempt_at, ?2), ?2),
                             lease_owner = NULL, lease_until = NULL
-                     WHERE id = ?1",
-                )?
+                     WHERE id = ?1"
+                ))?
                 .execute(params![id, now])?;
                 Ok(Retried::DueNow {
                     was: next_attempt_at.unwrap_or(now),

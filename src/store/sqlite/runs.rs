@@ -78,6 +78,10 @@ pub fn delete_run(
             "DELETE FROM email_outbox WHERE order_id GLOB ?1",
             &[&orders],
         )?;
+        delete(
+            "DELETE FROM forward_outbox WHERE order_id GLOB ?1",
+            &[&orders],
+        )?;
         let transitions = delete(
             "DELETE FROM order_transitions WHERE order_id GLOB ?1",
             &[&orders],

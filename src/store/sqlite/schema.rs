@@ -31,7 +31,8 @@
 //!    rebuilt from the stored events afterwards ([`super::rebuild`], noted in `pending_work`).
 //! 8. `order_transitions.sequence` (the order's change number), `.amount` and `.currency` (the
 //!    order's at the change): what the change feed serves. Added in place; earlier rows get
-//!    their numbers in id order, and their order's amount and currency as they are now.
+//!    their numbers in id order, and their order's amount and currency as they are now. The
+//!    forwarding tables, `forward_state` and `forward_outbox`.
 
 use rusqlite::{Connection, OptionalExtension};
 
@@ -206,6 +207,8 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
             }
             if version < 8 {
                 conn.execute_batch(V8_TRANSITIONS)?;
+                // The forwarding tables.
+                conn.execute_batch(SCHEMA_SQL)?;
             }
         }
         if (1..3).contains(&version) {

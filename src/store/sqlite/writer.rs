@@ -44,7 +44,7 @@ use crate::clock::SharedClock;
 use crate::domain::NormalizedEvent;
 use crate::store::counters::{Done, Reply, WriterCounters};
 use crate::store::model::{
-    ClaimRequest, ClaimedEmail, IdempotentOutcome, Purged, SendResult, WriterStats,
+    ClaimRequest, Claimed, IdempotentOutcome, OutboxKind, Purged, SendResult, WriterStats,
 };
 use crate::store::{CommitFaults, CreateOrder, WriteError};
 
@@ -118,12 +118,13 @@ enum Work {
     /// The relay inside `serve` claiming due outbox rows.
     OutboxClaim {
         request: ClaimRequest,
-        reply: Reply<Vec<ClaimedEmail>>,
+        reply: Reply<Claimed>,
     },
     /// The relay inside `serve` recording the results of a batch it sent.
     OutboxResults {
         owner: String,
         results: Vec<SendResult>,
+        outbox: OutboxKind,
         reply: Reply<Vec<bool>>,
     },
 }
@@ -237,10 +238,7 @@ impl Writer {
     /// Claims due outbox rows for the relay inside `serve`, in the writer's transaction; resolves
     /// after its COMMIT. While the writer is busy with deliveries, the claim waits (see the
     /// module docs).
-    pub async fn claim_outbox(
-        &self,
-        request: ClaimRequest,
-    ) -> Result<Vec<ClaimedEmail>, WriteError> {
+    pub async fn claim_outbox(&self, request: ClaimRequest) -> Result<Claimed, WriteError> {
         let (reply, answer) = oneshot::channel();
         let job = RecordJob {
             work: Work::OutboxClaim { request, reply },
@@ -257,12 +255,14 @@ impl Writer {
         &self,
         owner: String,
         results: Vec<SendResult>,
+        outbox: OutboxKind,
     ) -> Result<Vec<bool>, WriteError> {
         let (reply, answer) = oneshot::channel();
         let job = RecordJob {
             work: Work::OutboxResults {
                 owner,
                 results,
+                outbox,
                 reply,
             },
             span: Span::current(),
@@ -604,7 +604,7 @@ fn commit_batch(
 /// What a unit of the optimistic pass produced, to be answered after COMMIT.
 enum Ran {
     Delivery(Outcome),
-    Claim(Vec<ClaimedEmail>),
+    Claim(Claimed),
     Results(Vec<bool>),
 }
 
@@ -643,9 +643,18 @@ fn run_rerunnable(db: &mut Statements<'_>, work: &Work, now: Now) -> Result<Ran,
             request,
             now.millis,
         )?),
-        Work::OutboxResults { owner, results, .. } => Ran::Results(
-            outbox::record_results_in_transaction(db.conn(), owner, results, now.millis)?,
-        ),
+        Work::OutboxResults {
+            owner,
+            results,
+            outbox: kind,
+            ..
+        } => Ran::Results(outbox::record_results_in_transaction(
+            db.conn(),
+            *kind,
+            owner,
+            results,
+            now.millis,
+        )?),
         Work::Idempotent { .. } => unreachable!("API work always runs in its own savepoint"),
     })
 }
