@@ -233,26 +233,15 @@ impl Forwarder {
                 }
                 e => SendError::transient(format!("forwarding request failed: {e}")),
             })?;
-        let status = response.status().as_u16();
-        if (200..300).contains(&status) {
+        if response.status().is_success() {
             return Ok(());
         }
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let text = response
-            .body()
-            .limit(4096)
-            .await
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default();
-        let reason = format!(
-            "the shop's endpoint answered {status}: {}",
-            text.chars().take(200).collect::<String>()
-        );
+        let crate::clients::Refusal {
+            status,
+            retry_after,
+            text,
+        } = crate::clients::refusal(&mut response).await;
+        let reason = format!("the shop's endpoint answered {status}: {text}");
         match status {
             408 | 409 | 425 | 429 | 500..=599 => Err(SendError::Transient {
                 reason,

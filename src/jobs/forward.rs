@@ -11,19 +11,18 @@
 //! order's later changes until an operator retries or skips it.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::relay::{outcome_of, RelayConfig, LINGER};
+use super::relay::{outcome_of, probe_pause, sleep_unless_stopped, RelayConfig, LINGER};
 use crate::clock::SharedClock;
 use crate::domain::text::third_party_for_log;
 use crate::forward::{ForwardConfig, Forwarder, Message};
 use crate::mail::transport::SendError;
 use crate::store::{ClaimRequest, ClaimedForward, OutboxKind, SendOutcome, SendResult, Store};
 
-/// Rows per claim: sent at once, one request each.
-pub const FORWARD_BATCH: usize = 64;
+/// Rows per claim: sent at once, one request each (over at most the client's 100 connections).
+pub const FORWARD_BATCH: usize = 256;
 
 /// Starts forwarding on a thread of its own with its own event loop, at the email relay's lower
 /// CPU priority: webhook deliveries keep the cores first.
@@ -64,6 +63,7 @@ pub async fn run_forwarder(
     tracing::info!(owner = %config.owner, url = %forwarder.url(), "forwarding started");
     // Batches in a row that found the endpoint unreachable.
     let mut outage = 0u32;
+    let mut recording: Option<actix_web::rt::task::JoinHandle<()>> = None;
     while !shutdown.is_cancelled() {
         let request = ClaimRequest {
             owner: config.owner.clone(),
@@ -79,10 +79,7 @@ pub async fn run_forwarder(
             }
         };
         if claimed.is_empty() {
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(config.poll_interval) => {}
-            }
+            sleep_unless_stopped(&shutdown, config.poll_interval).await;
             continue;
         }
         let messages: Vec<Message> = claimed
@@ -118,41 +115,45 @@ pub async fn run_forwarder(
                 outcome: outcome_of(&config, &mut rng, row.attempts, Some(attempt), now),
             })
             .collect();
-        match store
-            .record_forward_results(config.owner.clone(), results.clone())
-            .await
-        {
-            Ok(owned) => {
-                for ((row, result), owned) in claimed.iter().zip(&results).zip(owned) {
-                    log_result(row, &result.outcome, owned);
-                }
-            }
-            Err(e) => tracing::warn!(
-                error = %crate::telemetry::ErrorChain(&e),
-                rows = results.len(),
-                "recording forwarding results failed; those changes will be sent again after their lease"
-            ),
+        // Recorded while the next batch is claimed and sent (the two share the writer's
+        // commits); at most one batch's results in flight, so they are recorded in order.
+        if let Some(previous) = recording.take() {
+            let _ = previous.await;
         }
+        let (store_for_record, owner) = (store.clone(), config.owner.clone());
+        let batch_full = claimed.len() == FORWARD_BATCH;
+        recording = Some(actix_web::rt::spawn(async move {
+            match store_for_record
+                .record_forward_results(owner, results.clone())
+                .await
+            {
+                Ok(owned) => {
+                    for ((row, result), owned) in claimed.iter().zip(&results).zip(owned) {
+                        log_result(row, &result.outcome, owned);
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    error = %crate::telemetry::ErrorChain(&e),
+                    rows = results.len(),
+                    "recording forwarding results failed; those changes will be sent again after their lease"
+                ),
+            }
+        }));
         if was_unavailable {
-            // Equal jitter: at least half the backoff, so probes do not come back at once.
-            let upper = config.max_backoff(outage).as_millis() as u64;
-            let pause = Duration::from_millis(upper / 2 + rng.u64(0..=upper / 2));
+            let pause = probe_pause(&config, &mut rng, outage);
             tracing::warn!(
                 probes_in_a_row = outage,
                 retry_in_ms = pause.as_millis() as u64,
                 reason = %third_party_for_log(&unreachable.unwrap_or_default()),
                 "the shop's endpoint cannot be reached; no change's try is counted, and forwarding waits before probing it again"
             );
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(pause) => {}
-            }
-        } else if claimed.len() < FORWARD_BATCH {
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(config.poll_interval.min(LINGER)) => {}
-            }
+            sleep_unless_stopped(&shutdown, pause).await;
+        } else if !batch_full {
+            sleep_unless_stopped(&shutdown, config.poll_interval.min(LINGER)).await;
         }
+    }
+    if let Some(last) = recording.take() {
+        let _ = last.await;
     }
     tracing::info!(owner = %config.owner, "forwarding stopped");
 }

@@ -249,6 +249,22 @@ impl RelayConfig {
     }
 }
 
+/// How long a relay waits after its `outage`-th probe in a row found the transport (or the
+/// shop's endpoint) unavailable: equal jitter, at least half the backoff, so that probes do not
+/// come back at once.
+pub(crate) fn probe_pause(config: &RelayConfig, rng: &mut fastrand::Rng, outage: u32) -> Duration {
+    let upper = config.max_backoff(outage).as_millis() as u64;
+    Duration::from_millis(upper / 2 + rng.u64(0..=upper / 2))
+}
+
+/// Sleeps `pause`, or less if `shutdown` comes first.
+pub(crate) async fn sleep_unless_stopped(shutdown: &CancellationToken, pause: Duration) {
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = tokio::time::sleep(pause) => {}
+    }
+}
+
 /// Full jitter: a uniform delay in `[0, min(max_delay, base·2^(n−1))]` after failure `n`.
 pub fn backoff_delay(config: &RelayConfig, rng: &mut fastrand::Rng, failures: u32) -> Duration {
     let upper = config.max_backoff(failures).as_millis() as u64;
@@ -388,24 +404,16 @@ pub async fn run_relay(
             }
         }));
         if was_unavailable {
-            // Equal jitter: at least half the backoff, so probes do not come back at once.
-            let upper = config.max_backoff(outage).as_millis() as u64;
-            let pause = Duration::from_millis(upper / 2 + rng.u64(0..=upper / 2));
+            let pause = probe_pause(&config, &mut rng, outage);
             tracing::warn!(
                 probes_in_a_row = outage,
                 retry_in_ms = pause.as_millis() as u64,
                 reason = %third_party_for_log(&reason),
                 "the email transport is unavailable; no row's try is counted, and the relay waits before probing it again"
             );
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(pause) => {}
-            }
+            sleep_unless_stopped(&shutdown, pause).await;
         } else if lingers {
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(linger) => {}
-            }
+            sleep_unless_stopped(&shutdown, linger).await;
         }
     }
     if let Some(last) = recording.take() {

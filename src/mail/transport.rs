@@ -508,26 +508,15 @@ async fn send_http(
             }
             e => SendError::transient(format!("email API request failed: {e}")),
         })?;
-    let status = response.status().as_u16();
-    if (200..300).contains(&status) {
+    if response.status().is_success() {
         return Ok(());
     }
-    let retry_after = response
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_secs);
-    let text = response
-        .body()
-        .limit(4096)
-        .await
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    let reason = format!(
-        "email API answered {status}: {}",
-        text.chars().take(200).collect::<String>()
-    );
+    let crate::clients::Refusal {
+        status,
+        retry_after,
+        text,
+    } = crate::clients::refusal(&mut response).await;
+    let reason = format!("email API answered {status}: {text}");
     match status {
         // The API refuses sekali's key: true of every row alike. (A 403 can be about one
         // recipient, as with a test-mode account, so it stays permanent.)

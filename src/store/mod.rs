@@ -242,33 +242,61 @@ pub trait Store: Send + Sync {
         request: CreateOrder,
     ) -> BoxFuture<'_, Result<IdempotentOutcome, WriteError>>;
 
-    /// Claims up to `request.limit` due outbox rows under a lease for `request.owner`.
+    /// Claims up to `request.limit` due rows of `request.outbox` under a lease for
+    /// `request.owner`, in the writer's transaction. Forwarded changes: the oldest unfinished
+    /// change of each order only, so that an order's changes go in order.
+    fn claim(&self, request: ClaimRequest) -> BoxFuture<'_, Result<Claimed, WriteError>>;
+
+    /// Records a relay batch's results for rows of `outbox` in one transaction; per result,
+    /// whether `owner` still held the row's lease (false: not recorded).
+    fn record_results(
+        &self,
+        outbox: OutboxKind,
+        owner: String,
+        results: Vec<SendResult>,
+    ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>>;
+
+    /// [`Store::claim`] of emails.
     fn claim_outbox(
         &self,
         request: ClaimRequest,
-    ) -> BoxFuture<'_, Result<Vec<ClaimedEmail>, WriteError>>;
+    ) -> BoxFuture<'_, Result<Vec<ClaimedEmail>, WriteError>> {
+        let request = ClaimRequest {
+            outbox: OutboxKind::Email,
+            ..request
+        };
+        Box::pin(async move { Ok(self.claim(request).await?.emails()) })
+    }
 
-    /// Records a relay batch's results in one transaction; per result, whether `owner` still
-    /// held the row's lease (false: not recorded).
+    /// [`Store::record_results`] of emails.
     fn record_outbox_results(
         &self,
         owner: String,
         results: Vec<SendResult>,
-    ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>>;
+    ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>> {
+        self.record_results(OutboxKind::Email, owner, results)
+    }
 
-    /// Claims up to `request.limit` due changes to forward under a lease for `request.owner`:
-    /// the oldest unfinished change of each order only, so that an order's changes go in order.
+    /// [`Store::claim`] of changes to forward.
     fn claim_forwards(
         &self,
         request: ClaimRequest,
-    ) -> BoxFuture<'_, Result<Vec<ClaimedForward>, WriteError>>;
+    ) -> BoxFuture<'_, Result<Vec<ClaimedForward>, WriteError>> {
+        let request = ClaimRequest {
+            outbox: OutboxKind::Forward,
+            ..request
+        };
+        Box::pin(async move { Ok(self.claim(request).await?.forwards()) })
+    }
 
-    /// [`Store::record_outbox_results`] for forwarded changes.
+    /// [`Store::record_results`] of forwarded changes.
     fn record_forward_results(
         &self,
         owner: String,
         results: Vec<SendResult>,
-    ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>>;
+    ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>> {
+        self.record_results(OutboxKind::Forward, owner, results)
+    }
 
     /// Deletes up to `limit` expired event ids and idempotency keys in one transaction.
     fn purge_batch(&self, limit: usize) -> BoxFuture<'_, Result<Purged, WriteError>>;

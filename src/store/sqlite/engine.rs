@@ -12,14 +12,13 @@ use super::{backup, forward, orders, outbox, purge, reads, runs, ReadPool, Store
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
-    BackupReport, ClaimRequest, ClaimedEmail, EventDetail, EventQuery, EventSummary,
-    IdempotentOutcome, OperatorChange, OrderView, OrdersOutsideRuns, OutboxQuery, OutboxRow,
-    Purged, Retried, RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats,
-    Transition,
+    BackupReport, ClaimRequest, Claimed, EventDetail, EventQuery, EventSummary, IdempotentOutcome,
+    OperatorChange, OrderView, OrdersOutsideRuns, OutboxQuery, OutboxRow, Purged, Retried,
+    RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats, Transition,
 };
 use crate::store::{
-    Change, ChangeCursor, ClaimedForward, CreateOrder, ForwardRow, Maintenance, OrderQuery,
-    OutboxKind, Outcome, Skipped, Store, WriteError,
+    Change, ChangeCursor, CreateOrder, ForwardRow, Maintenance, OrderQuery, OutboxKind, Outcome,
+    Skipped, Store, WriteError,
 };
 
 /// Read-only connections the server keeps for `/healthz` and the orders API's reads.
@@ -83,48 +82,17 @@ impl Store for SqliteStore {
         Box::pin(self.writer.idempotent(request))
     }
 
-    fn claim_outbox(
-        &self,
-        request: ClaimRequest,
-    ) -> BoxFuture<'_, Result<Vec<ClaimedEmail>, WriteError>> {
-        let request = ClaimRequest {
-            outbox: OutboxKind::Email,
-            ..request
-        };
-        Box::pin(async move { Ok(self.writer.claim_outbox(request).await?.emails()) })
+    fn claim(&self, request: ClaimRequest) -> BoxFuture<'_, Result<Claimed, WriteError>> {
+        Box::pin(self.writer.claim_outbox(request))
     }
 
-    fn record_outbox_results(
+    fn record_results(
         &self,
+        outbox: OutboxKind,
         owner: String,
         results: Vec<SendResult>,
     ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>> {
-        Box::pin(
-            self.writer
-                .record_outbox_results(owner, results, OutboxKind::Email),
-        )
-    }
-
-    fn claim_forwards(
-        &self,
-        request: ClaimRequest,
-    ) -> BoxFuture<'_, Result<Vec<ClaimedForward>, WriteError>> {
-        let request = ClaimRequest {
-            outbox: OutboxKind::Forward,
-            ..request
-        };
-        Box::pin(async move { Ok(self.writer.claim_outbox(request).await?.forwards()) })
-    }
-
-    fn record_forward_results(
-        &self,
-        owner: String,
-        results: Vec<SendResult>,
-    ) -> BoxFuture<'_, Result<Vec<bool>, WriteError>> {
-        Box::pin(
-            self.writer
-                .record_outbox_results(owner, results, OutboxKind::Forward),
-        )
+        Box::pin(self.writer.record_outbox_results(owner, results, outbox))
     }
 
     fn purge_batch(&self, limit: usize) -> BoxFuture<'_, Result<Purged, WriteError>> {
