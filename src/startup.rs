@@ -340,6 +340,10 @@ impl Application {
                     store.clone(),
                 ))
             }
+            (Some(_), _) => {
+                tracing::warn!("forwarding is on, but this instance does not send (--no-relay): order changes are queued for an instance started without --no-relay (`sekali relay` sends emails only)");
+                None
+            }
             _ => None,
         };
         let webhook_urls: Vec<String> = settings

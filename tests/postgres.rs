@@ -1178,3 +1178,461 @@ fn a_change_that_commits_after_a_later_one_is_not_skipped_by_a_stored_cursor() {
         assert!(status.success(), "{logs}");
     }
 }
+
+/// The shop's endpoint for the forwarding tests: tests/support/forward_receiver.py, which
+/// verifies each message with the official Standard Webhooks package (`python3` on PATH must
+/// have it), answers 500 to `fail_ratio` of them, and logs each answer as a JSON line.
+struct ForwardReceiver {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl ForwardReceiver {
+    fn start(secret: &str, fail_ratio: f64, log: &Path) -> ForwardReceiver {
+        use std::io::BufRead;
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/forward_receiver.py");
+        let mut child = std::process::Command::new("python3")
+            .arg(script)
+            .arg(secret)
+            .arg(fail_ratio.to_string())
+            .arg(log)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 (with the standardwebhooks package) runs the receiver");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let Ok(port) = line.trim().parse() else {
+            let _ = child.kill();
+            panic!(
+                "the receiver printed no port ({line:?}): {:?}",
+                child.wait()
+            );
+        };
+        ForwardReceiver { child, port }
+    }
+}
+
+impl Drop for ForwardReceiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the two instances forwarded, as the receiver logged it.
+struct Forwarded {
+    /// Every answer, in the order they were given.
+    answers: Vec<serde_json::Value>,
+    /// Each order's number of changes, in the database.
+    changes: HashMap<String, usize>,
+    /// The `chg_<id>` of every change in the database.
+    change_ids: std::collections::HashSet<String>,
+    /// Each order's status, in the database.
+    statuses: HashMap<String, String>,
+    /// Log lines of changes forwarded, per instance.
+    per_instance: [usize; 2],
+    /// `forward_outbox` rows that are not `sent` (status, attempts), and the attempts of those
+    /// that are.
+    unsent: String,
+    attempts: Vec<i64>,
+}
+
+impl Forwarded {
+    fn of(&self, answer: &str) -> Vec<&serde_json::Value> {
+        self.answers
+            .iter()
+            .filter(|a| a["answer"] == answer)
+            .collect()
+    }
+
+    /// Each order's accepted changes, first arrival only, in the order they were accepted:
+    /// their sequences. Also checks each message's body against its `webhook-id`.
+    fn first_accepted_sequences(&self) -> HashMap<String, Vec<i64>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut by_order: HashMap<String, Vec<i64>> = HashMap::new();
+        for accepted in self.of("accepted") {
+            let id = accepted["id"].as_str().unwrap();
+            let body = &accepted["body"];
+            assert_eq!(
+                body["id"].as_str(),
+                Some(id),
+                "the body is the change it names"
+            );
+            if seen.insert(id.to_owned()) {
+                by_order
+                    .entry(body["order_id"].as_str().unwrap().to_owned())
+                    .or_default()
+                    .push(body["sequence"].as_i64().unwrap());
+            }
+        }
+        by_order
+    }
+}
+
+/// Two instances on one database, both forwarding to the receiver (answering 500 to
+/// `fail_ratio` of the messages), take ~100 orders' lifecycles (4 Stripe events each) split
+/// between them; returns once every change is `sent` (or panics after 120 s).
+fn forward_lifecycles_from_two_instances(tag: &str, fail_ratio: f64) -> Option<Forwarded> {
+    let cluster = shared_cluster()?;
+    let database = cluster.fresh_database();
+    let url = cluster.url(&database);
+    let made = std::process::Command::new(helpers::sekali_bin())
+        .args(["forward", "new-secret"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let secret = String::from_utf8(made.stdout).unwrap().trim().to_owned();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("received.jsonl");
+    let receiver = ForwardReceiver::start(&secret, fail_ratio, &log);
+    let endpoint = format!("http://127.0.0.1:{}/hooks/sekali", receiver.port);
+    let mut env = api_env();
+    env.push(("SEKALI_FORWARD_URL", &endpoint));
+    env.push(("SEKALI_FORWARD_SECRET", &secret));
+    let start = || {
+        ServeProcess::start_on(
+            Some(Path::new(&url)),
+            &env,
+            "warn,sekali::jobs::forward=debug",
+            &["--relay-base-delay", "100ms", "--relay-max-delay", "1s"],
+        )
+    };
+    let (a, b) = (start(), start());
+    let ports = [a.port, b.port];
+
+    const ORDERS: usize = 100;
+    let lifecycle = [
+        "payment_intent.processing",
+        "payment_intent.succeeded",
+        "charge.refunded.partial",
+        "charge.refunded.full",
+    ]
+    .map(|name| String::from_utf8(helpers::fixture(&format!("stripe/{name}.json"))).unwrap());
+    // Blocks of four orders' events, mixed: the four senders take a block's first events
+    // together, then its second, ...
+    let bodies: Vec<Vec<u8>> = (0..ORDERS / 4)
+        .flat_map(|block| (0..4).flat_map(move |step| (0..4).map(move |k| (block * 4 + k, step))))
+        .map(|(i, step)| {
+            lifecycle[step]
+                .replace("Order1001", &format!("Order{tag}{i}"))
+                .replace("ord_1001", &format!("ord_{tag}_{i}"))
+                .replace("\"evt_", &format!("\"evt_{tag}{i}_"))
+                .into_bytes()
+        })
+        .collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                let agent = agent();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(body) = bodies.get(i) else { return };
+                    // An order's events alternate between the instances.
+                    let port = ports[(i + i / 4) % 2];
+                    let mut answer = deliver(&agent, port, body);
+                    let mut tries = 0;
+                    while answer.0 == 503 && tries < 50 {
+                        std::thread::sleep(Duration::from_millis(50));
+                        answer = deliver(&agent, port, body);
+                        tries += 1;
+                    }
+                    assert_eq!(answer.0, 200, "event {i}: {answer:?}");
+                }
+            });
+        }
+    });
+
+    let rows = |sql: &str| count(cluster, &database, sql);
+    let changes_in_db = rows("SELECT count(*) FROM order_transitions");
+    assert!(
+        changes_in_db >= ORDERS as i64,
+        "{changes_in_db} changes of {ORDERS} orders"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while rows("SELECT count(*) FROM forward_outbox WHERE status = 'sent'") < changes_in_db {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "120 s after the last delivery, {} of {changes_in_db} changes are forwarded: {}",
+            rows("SELECT count(*) FROM forward_outbox WHERE status = 'sent'"),
+            cluster.psql(
+                &database,
+                "SELECT status, count(*), max(attempts), max(last_error) FROM forward_outbox \
+                 GROUP BY status"
+            )
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let lines = |sql: &str| -> Vec<String> {
+        cluster
+            .psql(&database, sql)
+            .lines()
+            .map(|line| line.trim().to_owned())
+            .filter(|line| !line.is_empty())
+            .collect()
+    };
+    let pairs = |sql: &str| -> HashMap<String, String> {
+        lines(sql)
+            .iter()
+            .map(|line| {
+                let (key, value) = line.split_once(' ').unwrap();
+                (key.to_owned(), value.to_owned())
+            })
+            .collect()
+    };
+    let changes =
+        pairs("SELECT order_id || ' ' || count(*) FROM order_transitions GROUP BY order_id")
+            .into_iter()
+            .map(|(order, n)| (order, n.parse().unwrap()))
+            .collect();
+    let statuses = pairs("SELECT order_id || ' ' || status FROM orders");
+    let change_ids = lines("SELECT 'chg_' || id FROM order_transitions")
+        .into_iter()
+        .collect();
+    let unsent = cluster.psql(
+        &database,
+        "SELECT string_agg(status || ':' || attempts, ',') FROM forward_outbox \
+         WHERE status <> 'sent'",
+    );
+    let attempts = lines("SELECT attempts FROM forward_outbox")
+        .iter()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let mut per_instance = [0; 2];
+    for (k, server) in [a, b].into_iter().enumerate() {
+        let (status, logs) = server.stop();
+        assert!(status.success(), "{logs}");
+        per_instance[k] = logs.matches("change forwarded").count();
+    }
+    drop(receiver);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let answers = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    Some(Forwarded {
+        answers,
+        changes,
+        change_ids,
+        statuses,
+        per_instance,
+        unsent,
+        attempts,
+    })
+}
+
+/// What both forwarding tests assert: every change arrived, signed as Standard Webhooks say;
+/// each order's changes arrived first in their order (1, 2, 3, ...), ending where the order
+/// is, though two instances forwarded them; every row is `sent`; both instances forwarded.
+fn assert_every_change_arrived_in_order(forwarded: &Forwarded) {
+    assert!(
+        forwarded.of("rejected").is_empty(),
+        "messages that did not verify: {:?}",
+        forwarded.of("rejected")
+    );
+    let accepted: std::collections::HashSet<String> = forwarded
+        .of("accepted")
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        accepted, forwarded.change_ids,
+        "every change, and only changes"
+    );
+    let sequences = forwarded.first_accepted_sequences();
+    assert_eq!(sequences.len(), forwarded.changes.len());
+    let mut out_of_order = Vec::new();
+    for (order_id, got) in &sequences {
+        let n = forwarded.changes[order_id] as i64;
+        if *got != (1..=n).collect::<Vec<_>>() {
+            out_of_order.push(format!("{order_id}: {got:?}"));
+        }
+    }
+    assert!(
+        out_of_order.is_empty(),
+        "{} of {} orders' changes arrived out of order: {:#?}",
+        out_of_order.len(),
+        sequences.len(),
+        &out_of_order[..out_of_order.len().min(10)]
+    );
+    // The last change of each order to arrive is where the order is.
+    let mut last: HashMap<&str, (i64, &str)> = HashMap::new();
+    for accepted in forwarded.of("accepted") {
+        let body = &accepted["body"];
+        let (order, sequence) = (
+            body["order_id"].as_str().unwrap(),
+            body["sequence"].as_i64().unwrap(),
+        );
+        let entry = last.entry(order).or_insert((0, ""));
+        if sequence >= entry.0 {
+            *entry = (sequence, body["status"].as_str().unwrap());
+        }
+    }
+    for (order, (_, status)) in &last {
+        assert_eq!(
+            Some(*status),
+            forwarded.statuses.get(*order).map(String::as_str),
+            "{order}"
+        );
+    }
+    assert_eq!(forwarded.unsent.trim(), "", "rows not sent");
+    assert!(
+        forwarded.per_instance.iter().all(|n| *n > 0),
+        "both instances forward: {:?}",
+        forwarded.per_instance
+    );
+}
+
+/// Forwarding from two instances on one database, to a shop that answers every message 200:
+/// every change arrives exactly once (no two instances ever send one change, nor one instance
+/// twice), each order's in its order, each row `sent` after one attempt.
+#[test]
+fn two_instances_forward_each_change_exactly_once_and_each_orders_changes_in_order() {
+    let Some(forwarded) = forward_lifecycles_from_two_instances("fwdonce", 0.0) else {
+        return;
+    };
+    assert_every_change_arrived_in_order(&forwarded);
+    let ids: Vec<&str> = forwarded
+        .answers
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    let distinct: std::collections::HashSet<&str> = ids.iter().copied().collect();
+    assert_eq!(
+        ids.len(),
+        distinct.len(),
+        "a webhook-id arrived twice ({} messages, {} changes)",
+        ids.len(),
+        distinct.len()
+    );
+    assert!(forwarded.of("failed").is_empty());
+    assert!(
+        forwarded.attempts.iter().all(|n| *n == 1),
+        "attempts: {:?}",
+        forwarded.attempts
+    );
+    eprintln!(
+        "forwarding, two instances: {} changes once each ({:?} per instance)",
+        ids.len(),
+        forwarded.per_instance
+    );
+}
+
+/// The same, to a shop that answers 500 to a fifth of the messages: every change still
+/// arrives, and each order's first arrivals are in its order (a change that failed holds its
+/// order's later ones back until it is accepted); every row ends `sent`.
+#[test]
+fn two_instances_forward_every_change_in_order_through_a_shop_that_fails_a_fifth() {
+    let Some(forwarded) = forward_lifecycles_from_two_instances("fwdfail", 0.2) else {
+        return;
+    };
+    assert_every_change_arrived_in_order(&forwarded);
+    let failed = forwarded.of("failed").len();
+    assert!(failed > 0, "the shop failed none: nothing was retried");
+    assert!(forwarded.attempts.iter().any(|n| *n > 1));
+    eprintln!(
+        "forwarding through failures: {} answers, {failed} of them 500, {:?} per instance",
+        forwarded.answers.len(),
+        forwarded.per_instance
+    );
+}
+
+/// The purge runs in every instance at once without getting in each other's way or in the
+/// deliveries': two instances with a 2 s retention each purge every second while both take a
+/// stream of new deliveries. Every delivery is answered 200 `processed` (no 5xx from a purge
+/// holding a lock), every id past its retention is deleted exactly once (the passes' counts add
+/// up to the deliveries), the orders stay, and neither instance's purge pass stops on an error
+/// (a conflict between them would be a warning in its log). Expiry times are whole seconds, so
+/// which instance finds a second's expired ids depends on whose pass comes first after it.
+#[test]
+fn two_instances_purge_the_same_database_while_both_take_deliveries() {
+    let Some(cluster) = shared_cluster() else {
+        return;
+    };
+    let database = cluster.fresh_database();
+    let url = cluster.url(&database);
+    let args = [
+        "--no-relay",
+        "--stripe-retention",
+        "2s",
+        "--purge-interval",
+        "1s",
+    ];
+    // At info, each purge pass logs what it deleted.
+    let start =
+        || ServeProcess::start_on(Some(Path::new(&url)), helpers::PROVIDER_ENV, "info", &args);
+    let (a, b) = (start(), start());
+    const EVENTS: usize = 600;
+    let bodies = helpers::distinct_succeeded_bodies("purge2", EVENTS);
+    let next = AtomicUsize::new(0);
+    let answers = Mutex::new(HashMap::<(u16, String), usize>::new());
+    let started = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for thread in 0..4 {
+            let (next, answers, bodies) = (&next, &answers, &bodies);
+            let port = if thread % 2 == 0 { a.port } else { b.port };
+            scope.spawn(move || {
+                let agent = agent();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(body) = bodies.get(i) else { return };
+                    let answer = deliver(&agent, port, body);
+                    *answers.lock().unwrap().entry(answer).or_default() += 1;
+                    // Spread over about six seconds: the purges of both instances run between
+                    // and among the deliveries, on rows that expire as they go.
+                    std::thread::sleep(Duration::from_millis(40));
+                }
+            });
+        }
+    });
+    let answers = answers.into_inner().unwrap();
+    assert_eq!(
+        answers,
+        HashMap::from([((200, "processed".to_owned()), EVENTS)]),
+        "every delivery applied, none refused while both purged"
+    );
+    assert!(
+        started.elapsed() > Duration::from_secs(4),
+        "the deliveries spanned several purge passes"
+    );
+    // Past the last delivery's retention, both purge passes have run again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while count(cluster, &database, "SELECT count(*) FROM processed_events") > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "expired ids were not purged: {} left",
+            count(cluster, &database, "SELECT count(*) FROM processed_events")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        count(cluster, &database, "SELECT count(*) FROM orders"),
+        EVENTS as i64,
+        "the purge deletes event ids, never orders"
+    );
+    let mut purged_by = Vec::new();
+    for server in [a, b] {
+        let (status, logs) = server.stop();
+        assert!(status.success(), "{logs}");
+        assert!(!logs.contains("purge pass stopped early"), "{logs}");
+        // "purged N expired event ids and M expired idempotency keys", one line a pass.
+        let passes: Vec<usize> = logs
+            .lines()
+            .filter_map(|line| line.split("purged ").nth(1))
+            .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+            .collect();
+        assert!(!passes.is_empty(), "this instance ran purge passes: {logs}");
+        purged_by.push(passes.iter().sum::<usize>());
+    }
+    assert_eq!(
+        purged_by.iter().sum::<usize>(),
+        EVENTS,
+        "each expired id deleted once, by one instance or the other: {purged_by:?}"
+    );
+    eprintln!("{EVENTS} expired ids purged by two instances at once: {purged_by:?}");
+}

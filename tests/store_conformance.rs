@@ -29,10 +29,11 @@ use sekali::domain::{
     EmailAddress, NormalizedEvent, OrderRef, OrderStatus, PaymentReport, ProviderName,
 };
 use sekali::store::{
-    ClaimRequest, ClaimedEmail, CommitFaults, CreateOrder, EventQuery, IdempotentOutcome,
-    Maintenance, NewOrder, OperatorChange, OrderQuery, OrderView, OutboxQuery, OutboxRow, Outcome,
-    PaymentView, Purged, Retried, RunDeletion, RunMarker, SendOutcome, SendResult, SetStatusError,
-    Store, StoreError, StoredResponse, Transition,
+    ClaimRequest, ClaimedEmail, ClaimedForward, CommitFaults, CreateOrder, EventQuery, ForwardRow,
+    IdempotentOutcome, Maintenance, NewOrder, OperatorChange, OrderQuery, OrderView, OutboxKind,
+    OutboxQuery, OutboxRow, Outcome, PaymentView, Purged, Retried, RunDeletion, RunMarker,
+    SendOutcome, SendResult, SetStatusError, Skipped, Store, StoreError, StoredResponse,
+    Transition,
 };
 use serde_json::{json, Value};
 
@@ -212,9 +213,21 @@ macro_rules! conformance_suite {
                 an_order_request_whose_commit_fails_keeps_no_key_and_no_order,
                 a_claim_or_results_whose_commit_fails_change_no_row,
                 a_purge_batch_whose_commit_fails_deletes_nothing,
+                // forwarding
+                with_forwarding_off_no_change_is_queued_to_forward,
+                with_forwarding_on_every_change_is_queued_once_as_the_feed_serves_it,
+                forwarded_changes_of_an_order_are_claimed_one_at_a_time_in_order,
+                a_forward_waiting_to_be_tried_again_holds_back_its_orders_later_changes,
+                a_dead_forward_holds_back_its_orders_later_changes_until_retried_or_skipped,
+                a_leased_forward_goes_to_no_other_relay_until_its_lease_runs_out,
+                a_forward_the_endpoint_never_received_counts_no_attempt,
+                skip_and_retry_leave_a_forward_being_sent_or_finished_alone,
+                forwards_are_listed_newest_first_and_filtered_by_status_order_and_time,
+                concurrent_forward_claims_take_each_change_once_and_each_orders_in_order,
                 // backup
                 a_backup_holds_the_orders_and_events_as_they_were,
                 a_backup_never_overwrites_an_existing_file,
+                a_backup_holds_the_forwarded_changes_as_they_were,
             );
         }
     };
@@ -2974,6 +2987,743 @@ mod suite {
         );
     }
 
+    // --- forwarding ----------------------------------------------------------------------------
+
+    /// A claim of changes to forward, for `owner`, leased for [`LEASE_MS`].
+    async fn claim_changes(t: &Ctx, owner: &str, limit: usize) -> Vec<ClaimedForward> {
+        t.store
+            .claim_forwards(ClaimRequest {
+                owner: owner.into(),
+                lease_ms: LEASE_MS,
+                limit,
+                outbox: OutboxKind::Forward,
+            })
+            .await
+            .expect("the claim commits")
+    }
+
+    fn claimed_ids(claimed: &[ClaimedForward]) -> Vec<i64> {
+        claimed.iter().map(|c| c.id).collect()
+    }
+
+    async fn forward_results(t: &Ctx, owner: &str, results: &[(i64, SendOutcome)]) -> Vec<bool> {
+        let results = results
+            .iter()
+            .map(|(id, outcome)| SendResult {
+                id: *id,
+                outcome: outcome.clone(),
+            })
+            .collect();
+        t.store
+            .record_forward_results(owner.into(), results)
+            .await
+            .expect("the results commit")
+    }
+
+    /// Every forwarding row, oldest first.
+    fn forward_rows(t: &Ctx) -> Vec<ForwardRow> {
+        let mut rows = t.ops.forwards(&OutboxQuery::newest(ALL)).unwrap();
+        rows.reverse();
+        rows
+    }
+
+    fn forward_row(t: &Ctx, id: i64) -> ForwardRow {
+        t.ops
+            .forward_row(id)
+            .unwrap()
+            .unwrap_or_else(|| panic!("no forwarding row {id}"))
+            .0
+    }
+
+    /// A forwarding row as JSON, to compare whole rows.
+    fn forward_json(t: &Ctx, id: i64) -> Value {
+        serde_json::to_value(forward_row(t, id)).unwrap()
+    }
+
+    /// Forwarding turned on, then four changes: `ord_a`'s first two (created by the API, then
+    /// paid by a webhook), `ord_b`'s first (paid by a webhook), `ord_a`'s third (refunded by an
+    /// operator). Their rows' ids, in that order.
+    async fn changes_of_two_orders(t: &Ctx) -> [i64; 4] {
+        assert!(t.ops.set_forwarding(true, t.now()).unwrap());
+        t.create_api_order(new_order("ord_a")).await;
+        assert_eq!(t.record(paid("evt_a", "ord_a")).await, Outcome::Processed);
+        assert_eq!(t.record(paid("evt_b", "ord_b")).await, Outcome::Processed);
+        t.ops
+            .set_status_by_operator("ord_a", &by_operator(Refunded), t.now())
+            .unwrap();
+        let rows = forward_rows(t);
+        let seen: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|r| (r.order_id.as_str(), r.kind.as_str(), r.status.as_str()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("ord_a", "order.pending", "pending"),
+                ("ord_a", "order.paid", "pending"),
+                ("ord_b", "order.paid", "pending"),
+                ("ord_a", "order.refunded", "pending"),
+            ]
+        );
+        [rows[0].id, rows[1].id, rows[2].id, rows[3].id]
+    }
+
+    /// A fresh database forwards nothing: changes by a webhook, the API and an operator queue no
+    /// row, and a claim finds none. Turning off what is off changes nothing.
+    pub async fn with_forwarding_off_no_change_is_queued_to_forward(t: Ctx) {
+        t.create_api_order(new_order("ord_api")).await;
+        assert_eq!(t.record(paid("evt_1", "ord_api")).await, Outcome::Processed);
+        assert_eq!(
+            t.record(paid("evt_2", "ord_hook")).await,
+            Outcome::Processed
+        );
+        t.ops
+            .set_status_by_operator("ord_hook", &by_operator(Refunded), t.now())
+            .unwrap();
+        assert_eq!(
+            t.store.changes(None, ALL).await.unwrap().len(),
+            4,
+            "the changes were made"
+        );
+        assert!(forward_rows(&t).is_empty(), "{:?}", forward_rows(&t));
+        assert!(claim_changes(&t, "relay-a", 10).await.is_empty());
+        assert!(!t.ops.set_forwarding(false, t.now()).unwrap());
+        assert!(forward_rows(&t).is_empty());
+    }
+
+    /// Once forwarding is on, every change (a webhook's creating or paying an order, the API's,
+    /// an operator's) is queued once, pending, as the message `chg_<id>` whose body is the
+    /// change exactly as `GET /changes` serves it; a duplicate delivery queues nothing. Turned
+    /// off, new changes are not queued and the queued ones stay; turned on again, they are.
+    pub async fn with_forwarding_on_every_change_is_queued_once_as_the_feed_serves_it(t: Ctx) {
+        assert_eq!(
+            t.record(paid("evt_0", "ord_before")).await,
+            Outcome::Processed
+        );
+        assert!(t.ops.set_forwarding(true, t.now()).unwrap(), "turned on");
+        assert!(!t.ops.set_forwarding(true, t.now()).unwrap(), "on already");
+        t.create_api_order(new_order("ord_api")).await;
+        t.advance(10);
+        assert_eq!(
+            t.record(paid("evt_1", "ord_hook")).await,
+            Outcome::Processed
+        );
+        assert_eq!(t.record(paid("evt_2", "ord_api")).await, Outcome::Processed);
+        assert_eq!(t.record(paid("evt_2", "ord_api")).await, Outcome::Duplicate);
+        t.record(ev("evt_3").kind("customer.created")).await; // no change
+        t.advance(10);
+        t.ops
+            .set_status_by_operator("ord_hook", &by_operator(Refunded), t.now())
+            .unwrap();
+
+        let feed = t.store.changes(None, ALL).await.unwrap();
+        assert_eq!(feed[0].order_id, "ord_before");
+        let changes = &feed[1..];
+        assert_eq!(changes.len(), 4, "{changes:?}");
+        let rows = forward_rows(&t);
+        let listed: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.message_id.as_str(),
+                    r.order_id.as_str(),
+                    r.kind.as_str(),
+                    r.status.as_str(),
+                    r.attempts,
+                    r.created_at.as_str(),
+                )
+            })
+            .collect();
+        let expected: Vec<_> = changes
+            .iter()
+            .map(|c| {
+                (
+                    c.id.as_str(),
+                    c.order_id.as_str(),
+                    c.kind.as_str(),
+                    "pending",
+                    0,
+                    c.changed_at.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(listed, expected);
+        for row in &rows {
+            assert_eq!((&row.lease_owner, &row.sent_at), (&None, &None), "{row:?}");
+        }
+
+        // Each message is its change, byte for byte as the feed serialises it.
+        let mut sent = Vec::new();
+        for _ in 0..changes.len() {
+            let claimed = claim_changes(&t, "relay-a", 10).await;
+            if claimed.is_empty() {
+                break;
+            }
+            for message in &claimed {
+                let change = changes
+                    .iter()
+                    .find(|c| c.id == message.message_id)
+                    .unwrap_or_else(|| panic!("{} is no change", message.message_id));
+                assert_eq!(message.body, serde_json::to_string(change).unwrap());
+                assert_eq!(message.order_id, change.order_id);
+                assert_eq!(message.attempts, 0);
+                let (row, shown) = t.ops.forward_row(message.id).unwrap().unwrap();
+                assert_eq!(row.message_id, message.message_id);
+                assert_eq!(shown, serde_json::to_string_pretty(change).unwrap());
+            }
+            let results: Vec<_> = claimed.iter().map(|c| (c.id, SendOutcome::Sent)).collect();
+            assert!(forward_results(&t, "relay-a", &results)
+                .await
+                .iter()
+                .all(|owned| *owned));
+            sent.extend(claimed.into_iter().map(|c| c.message_id));
+        }
+        sent.sort();
+        let mut ids: Vec<String> = changes.iter().map(|c| c.id.clone()).collect();
+        ids.sort();
+        assert_eq!(sent, ids, "every change sent once");
+
+        // Off: changes go on, none is queued; what was queued stays.
+        assert!(t.ops.set_forwarding(false, t.now()).unwrap(), "turned off");
+        assert!(
+            !t.ops.set_forwarding(false, t.now()).unwrap(),
+            "off already"
+        );
+        assert_eq!(
+            t.record(paid("evt_4", "ord_late")).await,
+            Outcome::Processed
+        );
+        t.ops
+            .set_status_by_operator("ord_api", &by_operator(Refunded), t.now())
+            .unwrap();
+        assert_eq!(t.store.changes(None, ALL).await.unwrap().len(), 7);
+        let after = forward_rows(&t);
+        assert_eq!(after.len(), 4, "{after:?}");
+        assert!(after.iter().all(|r| r.status == "sent"), "{after:?}");
+        assert!(claim_changes(&t, "relay-a", 10).await.is_empty());
+
+        // On again: the next change is queued.
+        assert!(t.ops.set_forwarding(true, t.now()).unwrap());
+        t.ops
+            .set_status_by_operator("ord_late", &by_operator(Refunded), t.now())
+            .unwrap();
+        let last = t.store.changes(None, ALL).await.unwrap().pop().unwrap();
+        let after = forward_rows(&t);
+        assert_eq!(after.len(), 5, "{after:?}");
+        assert_eq!(after[4].message_id, last.id);
+        let claimed = claim_changes(&t, "relay-a", 10).await;
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(claimed[0].body, serde_json::to_string(&last).unwrap());
+    }
+
+    /// A claim takes the oldest unfinished change of each order only: with two of one order's
+    /// changes due, the second waits until the first is sent, even with room in the claim.
+    pub async fn forwarded_changes_of_an_order_are_claimed_one_at_a_time_in_order(t: Ctx) {
+        let [a1, a2, b1, a3] = changes_of_two_orders(&t).await;
+        let claimed = claim_changes(&t, "relay-a", 10).await;
+        assert_eq!(claimed_ids(&claimed), [a1, b1]);
+        let sequences: Vec<(String, i64)> = claimed
+            .iter()
+            .map(|c| {
+                let body: Value = serde_json::from_str(&c.body).unwrap();
+                (
+                    body["order_id"].as_str().unwrap().to_owned(),
+                    body["sequence"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(sequences, [("ord_a".into(), 1), ("ord_b".into(), 1)]);
+        assert!(claim_changes(&t, "relay-b", 10).await.is_empty());
+
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(a1, SendOutcome::Sent)]).await,
+            [true]
+        );
+        assert_eq!(claimed_ids(&claim_changes(&t, "relay-b", 10).await), [a2]);
+        assert_eq!(
+            forward_results(&t, "relay-b", &[(a2, SendOutcome::Sent)]).await,
+            [true]
+        );
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(b1, SendOutcome::Sent)]).await,
+            [true]
+        );
+        let last = claim_changes(&t, "relay-a", 10).await;
+        assert_eq!(claimed_ids(&last), [a3]);
+        let body: Value = serde_json::from_str(&last[0].body).unwrap();
+        assert_eq!(
+            (&body["sequence"], &body["status"]),
+            (&json!(3), &json!("refunded"))
+        );
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(a3, SendOutcome::Sent)]).await,
+            [true]
+        );
+        assert!(claim_changes(&t, "relay-a", 10).await.is_empty());
+        assert!(forward_rows(&t).iter().all(|r| r.status == "sent"));
+    }
+
+    /// A change whose send failed waits for its retry time, and its order's later changes wait
+    /// behind it; other orders' changes do not.
+    pub async fn a_forward_waiting_to_be_tried_again_holds_back_its_orders_later_changes(t: Ctx) {
+        let [a1, a2, b1, _] = changes_of_two_orders(&t).await;
+        assert_eq!(
+            claimed_ids(&claim_changes(&t, "relay-a", 10).await),
+            [a1, b1]
+        );
+        let first_try = t.now_ms();
+        let retry_at = first_try + 60_000;
+        assert_eq!(
+            forward_results(
+                &t,
+                "relay-a",
+                &[(a1, failed(Some(retry_at))), (b1, SendOutcome::Sent)]
+            )
+            .await,
+            [true, true]
+        );
+        let row = forward_row(&t, a1);
+        assert_eq!((row.status.as_str(), row.attempts), ("pending", 1));
+        assert_eq!(row.next_attempt_at, Some(iso_millis(retry_at)));
+        assert_eq!(row.first_tried_at, Some(iso_millis(first_try)));
+        assert_eq!(row.last_error.as_deref(), Some("550 mailbox unavailable"));
+        assert_eq!((row.lease_owner, row.lease_until), (None, None));
+
+        assert!(claim_changes(&t, "relay-b", 10).await.is_empty());
+        t.advance(59);
+        assert!(claim_changes(&t, "relay-b", 10).await.is_empty());
+        t.advance(1);
+        let again = claim_changes(&t, "relay-b", 10).await;
+        assert_eq!(
+            claimed_ids(&again),
+            [a1],
+            "its turn, before the order's next"
+        );
+        assert_eq!(again[0].attempts, 1);
+        assert!(again[0].message_id.starts_with("chg_"));
+        assert_eq!(again[0].message_id, forward_row(&t, a1).message_id);
+        assert_eq!(
+            forward_results(&t, "relay-b", &[(a1, SendOutcome::Sent)]).await,
+            [true]
+        );
+        assert_eq!(forward_row(&t, a1).attempts, 2);
+        assert_eq!(claimed_ids(&claim_changes(&t, "relay-b", 10).await), [a2]);
+    }
+
+    /// A dead change (a failure with no retry) holds its order's later changes for good: an
+    /// operator's retry makes it pending and due again, first in its order; a skip lets the
+    /// later ones go. A pending change waiting for its retry may be skipped too.
+    pub async fn a_dead_forward_holds_back_its_orders_later_changes_until_retried_or_skipped(
+        t: Ctx,
+    ) {
+        let [a1, a2, b1, a3] = changes_of_two_orders(&t).await;
+        claim_changes(&t, "relay-a", 10).await;
+        assert_eq!(
+            forward_results(
+                &t,
+                "relay-a",
+                &[(a1, failed(None)), (b1, SendOutcome::Sent)]
+            )
+            .await,
+            [true, true]
+        );
+        let dead = forward_row(&t, a1);
+        assert_eq!((dead.status.as_str(), dead.attempts), ("dead", 1));
+        assert_eq!(dead.next_attempt_at, None);
+        t.advance(7 * 24 * 3600);
+        assert!(claim_changes(&t, "relay-a", 10).await.is_empty());
+        assert_eq!(forward_row(&t, a2).status, "pending");
+
+        // Retried: a fresh start, and the first of its order again.
+        assert_eq!(
+            t.ops.retry_forward(a1, t.now_ms()).unwrap(),
+            Retried::Revived
+        );
+        let revived = forward_row(&t, a1);
+        assert_eq!((revived.status.as_str(), revived.attempts), ("pending", 0));
+        assert_eq!(revived.first_tried_at, None);
+        assert_eq!(revived.next_attempt_at, Some(iso_millis(t.now_ms())));
+        let claimed = claim_changes(&t, "relay-a", 10).await;
+        assert_eq!(claimed_ids(&claimed), [a1]);
+        assert_eq!(claimed[0].attempts, 0);
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(a1, failed(None))]).await,
+            [true]
+        );
+        assert!(claim_changes(&t, "relay-a", 10).await.is_empty());
+
+        // Skipped: never sent, and the order's next change goes.
+        assert_eq!(
+            t.ops.skip_forward(a1, t.now_ms()).unwrap(),
+            Skipped::Skipped { was: "dead".into() }
+        );
+        let skipped = forward_row(&t, a1);
+        assert_eq!(skipped.status, "skipped");
+        assert_eq!((skipped.next_attempt_at, skipped.sent_at), (None, None));
+        assert!(skipped.last_error.is_some());
+        assert_eq!(claimed_ids(&claim_changes(&t, "relay-a", 10).await), [a2]);
+        assert_eq!(
+            t.ops.retry_forward(a1, t.now_ms()).unwrap(),
+            Retried::Finished {
+                status: "skipped".into()
+            }
+        );
+        assert_eq!(
+            t.ops.skip_forward(a1, t.now_ms()).unwrap(),
+            Skipped::Finished {
+                status: "skipped".into()
+            }
+        );
+
+        // Pending, waiting an hour for its retry: skipped, the next one goes now.
+        let retry_at = t.now_ms() + 3_600_000;
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(a2, failed(Some(retry_at)))]).await,
+            [true]
+        );
+        assert_eq!(
+            t.ops.skip_forward(a2, t.now_ms()).unwrap(),
+            Skipped::Skipped {
+                was: "pending".into()
+            }
+        );
+        assert_eq!(claimed_ids(&claim_changes(&t, "relay-a", 10).await), [a3]);
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(a3, SendOutcome::Sent)]).await,
+            [true]
+        );
+        t.advance(3600);
+        assert!(
+            claim_changes(&t, "relay-b", 10).await.is_empty(),
+            "the skipped change is never sent"
+        );
+    }
+
+    /// While a relay holds a change's lease no other relay gets it (nor the order's next
+    /// change); once the lease runs out another relay does, with the same message, and the
+    /// first relay's late result is refused and changes nothing.
+    pub async fn a_leased_forward_goes_to_no_other_relay_until_its_lease_runs_out(t: Ctx) {
+        let [a1, a2, b1, _] = changes_of_two_orders(&t).await;
+        let first = claim_changes(&t, "relay-a", 1).await;
+        assert_eq!(claimed_ids(&first), [a1]);
+        let row = forward_row(&t, a1);
+        assert_eq!(row.lease_owner.as_deref(), Some("relay-a"));
+        assert_eq!(
+            row.lease_until,
+            Some(iso_millis(T0 * 1000 + LEASE_MS)),
+            "leased until now + lease"
+        );
+        assert_eq!(claimed_ids(&claim_changes(&t, "relay-a", 10).await), [b1]);
+        assert!(claim_changes(&t, "relay-b", 10).await.is_empty());
+        t.advance((LEASE_MS / 1000 - 1) as u64);
+        assert!(claim_changes(&t, "relay-b", 10).await.is_empty());
+        t.advance(1);
+        let taken = claim_changes(&t, "relay-b", 10).await;
+        assert_eq!(claimed_ids(&taken), [a1, b1], "not a2: a1 is still unsent");
+        assert_eq!(
+            (&taken[0].message_id, &taken[0].body),
+            (&first[0].message_id, &first[0].body),
+            "the same message again"
+        );
+        assert_eq!(forward_row(&t, a1).lease_owner.as_deref(), Some("relay-b"));
+
+        let before = forward_json(&t, a1);
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(a1, SendOutcome::Sent)]).await,
+            [false]
+        );
+        assert_eq!(
+            forward_json(&t, a1),
+            before,
+            "the late result changed the row"
+        );
+        assert!(claim_changes(&t, "relay-c", 10).await.is_empty());
+        assert_eq!(
+            forward_results(&t, "relay-b", &[(a1, SendOutcome::Sent)]).await,
+            [true]
+        );
+        let sent = forward_row(&t, a1);
+        assert_eq!((sent.status.as_str(), sent.attempts), ("sent", 1));
+        assert_eq!(sent.sent_at, Some(iso_millis(t.now_ms())));
+        assert_eq!((sent.lease_owner, sent.lease_until), (None, None));
+        assert_eq!(claimed_ids(&claim_changes(&t, "relay-c", 10).await), [a2]);
+    }
+
+    /// The endpoint unreachable: the change is due again when told, with no attempt counted
+    /// and no first try, its reason kept; a counted failure after that counts one.
+    pub async fn a_forward_the_endpoint_never_received_counts_no_attempt(t: Ctx) {
+        assert!(t.ops.set_forwarding(true, t.now()).unwrap());
+        assert_eq!(t.record(paid("evt_1", "ord_1")).await, Outcome::Processed);
+        let claimed = claim_changes(&t, "relay-a", 10).await;
+        assert_eq!(claimed.len(), 1);
+        let id = claimed[0].id;
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(id, untried(Some(t.now_ms())))]).await,
+            [true]
+        );
+        let row = forward_row(&t, id);
+        assert_eq!((row.status.as_str(), row.attempts), ("pending", 0));
+        assert_eq!(row.first_tried_at, None);
+        assert_eq!(row.last_error.as_deref(), Some("transport unavailable"));
+        let listed = t.ops.forwards(&OutboxQuery::newest(ALL)).unwrap();
+        assert_eq!(listed[0].attempts, 0);
+
+        let again = claim_changes(&t, "relay-a", 10).await;
+        assert_eq!(claimed_ids(&again), [id]);
+        assert_eq!(again[0].attempts, 0);
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(id, failed(Some(t.now_ms())))]).await,
+            [true]
+        );
+        let row = forward_row(&t, id);
+        assert_eq!(row.attempts, 1);
+        assert_eq!(row.first_tried_at, Some(iso_millis(t.now_ms())));
+        t.advance(1);
+        let again = claim_changes(&t, "relay-a", 10).await;
+        assert_eq!(again[0].attempts, 1);
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(id, untried(Some(t.now_ms())))]).await,
+            [true]
+        );
+        assert_eq!(forward_row(&t, id).attempts, 1);
+    }
+
+    /// An operator's skip or retry leaves a change a relay is sending alone (its relay still
+    /// records its result), and a sent one, saying why; a missing id is missing. Once the
+    /// relay's lease ran out (it died), the change may be skipped, and that relay's result is
+    /// then refused.
+    pub async fn skip_and_retry_leave_a_forward_being_sent_or_finished_alone(t: Ctx) {
+        assert!(t.ops.set_forwarding(true, t.now()).unwrap());
+        t.record(paid("evt_1", "ord_1")).await;
+        t.record(paid("evt_2", "ord_2")).await;
+        let [x, y] = [forward_rows(&t)[0].id, forward_rows(&t)[1].id];
+        assert_eq!(claimed_ids(&claim_changes(&t, "relay-a", 1).await), [x]);
+        t.advance(10);
+        let leased = forward_json(&t, x);
+        let until = iso_millis(T0 * 1000 + LEASE_MS);
+        assert_eq!(
+            t.ops.skip_forward(x, t.now_ms()).unwrap(),
+            Skipped::Leased {
+                owner: "relay-a".into(),
+                until: until.clone()
+            }
+        );
+        assert_eq!(
+            t.ops.retry_forward(x, t.now_ms()).unwrap(),
+            Retried::Leased {
+                owner: "relay-a".into(),
+                until
+            }
+        );
+        assert_eq!(forward_json(&t, x), leased, "a leased change is left alone");
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(x, SendOutcome::Sent)]).await,
+            [true]
+        );
+        for _ in 0..2 {
+            assert_eq!(
+                t.ops.skip_forward(x, t.now_ms()).unwrap(),
+                Skipped::Finished {
+                    status: "sent".into()
+                }
+            );
+        }
+        assert_eq!(
+            t.ops.retry_forward(x, t.now_ms()).unwrap(),
+            Retried::Finished {
+                status: "sent".into()
+            }
+        );
+        assert_eq!(forward_row(&t, x).status, "sent");
+        assert_eq!(
+            t.ops.skip_forward(999_999, t.now_ms()).unwrap(),
+            Skipped::Missing
+        );
+        assert_eq!(
+            t.ops.retry_forward(999_999, t.now_ms()).unwrap(),
+            Retried::Missing
+        );
+
+        // Pending and due since it was queued: retry keeps it so.
+        assert_eq!(
+            t.ops.retry_forward(y, t.now_ms()).unwrap(),
+            Retried::DueNow {
+                was: iso_millis(T0 * 1000),
+                attempts: 0
+            }
+        );
+        assert_eq!(claimed_ids(&claim_changes(&t, "relay-b", 10).await), [y]);
+        t.advance(LEASE_MS as u64 / 1000);
+        assert_eq!(
+            t.ops.skip_forward(y, t.now_ms()).unwrap(),
+            Skipped::Skipped {
+                was: "pending".into()
+            }
+        );
+        assert_eq!(
+            forward_results(&t, "relay-b", &[(y, SendOutcome::Sent)]).await,
+            [false]
+        );
+        let skipped = forward_row(&t, y);
+        assert_eq!(
+            (
+                skipped.status.as_str(),
+                skipped.lease_owner,
+                skipped.sent_at
+            ),
+            ("skipped", None, None)
+        );
+        assert!(claim_changes(&t, "relay-b", 10).await.is_empty());
+    }
+
+    /// `sekali forward list`: newest first, filtered by status, order and time together, up to
+    /// the limit; `show` is the listed row and its message, the change as pretty JSON.
+    pub async fn forwards_are_listed_newest_first_and_filtered_by_status_order_and_time(t: Ctx) {
+        assert!(t.ops.set_forwarding(true, t.now()).unwrap());
+        t.record(paid("evt_1", "ord_1")).await;
+        t.advance(100);
+        t.record(paid("evt_2", "ord_2")).await;
+        t.ops
+            .set_status_by_operator("ord_1", &by_operator(Refunded), t.now())
+            .unwrap();
+        t.advance(100);
+        t.record(paid("evt_3", "ord_3")).await;
+
+        let all = t.ops.forwards(&OutboxQuery::newest(ALL)).unwrap();
+        let listed: Vec<(&str, &str, String)> = all
+            .iter()
+            .map(|r| (r.order_id.as_str(), r.kind.as_str(), r.created_at.clone()))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("ord_3", "order.paid", iso_seconds(T0 + 200)),
+                ("ord_1", "order.refunded", iso_seconds(T0 + 100)),
+                ("ord_2", "order.paid", iso_seconds(T0 + 100)),
+                ("ord_1", "order.paid", iso_seconds(T0)),
+            ]
+        );
+        assert!(all.windows(2).all(|w| w[0].id > w[1].id), "newest first");
+        let (r4, r3, r2, r1) = (all[0].id, all[1].id, all[2].id, all[3].id);
+        assert_eq!(
+            claimed_ids(&claim_changes(&t, "relay-a", 10).await),
+            [r1, r2, r4]
+        );
+        assert_eq!(
+            forward_results(
+                &t,
+                "relay-a",
+                &[(r1, SendOutcome::Sent), (r2, failed(None))]
+            )
+            .await,
+            [true, true]
+        );
+
+        let query = |status: Option<&str>, order_id: Option<&str>, since: Option<i64>, limit| {
+            t.ops
+                .forwards(&OutboxQuery {
+                    status: status.map(Into::into),
+                    order_id: order_id.map(Into::into),
+                    since_unix: since,
+                    limit,
+                })
+                .unwrap()
+                .iter()
+                .map(|r| r.id)
+                .collect::<Vec<i64>>()
+        };
+        assert_eq!(query(Some("sent"), None, None, ALL), [r1]);
+        assert_eq!(query(Some("dead"), None, None, ALL), [r2]);
+        assert_eq!(query(Some("pending"), None, None, ALL), [r4, r3]);
+        assert!(query(Some("skipped"), None, None, ALL).is_empty());
+        assert_eq!(query(None, Some("ord_1"), None, ALL), [r3, r1]);
+        assert!(query(None, Some("ord_missing"), None, ALL).is_empty());
+        assert_eq!(query(None, None, Some(T0 + 100), ALL), [r4, r3, r2]);
+        assert_eq!(query(None, None, Some(T0 + 101), ALL), [r4]);
+        assert_eq!(query(None, Some("ord_1"), Some(T0 + 100), ALL), [r3]);
+        assert_eq!(query(Some("pending"), Some("ord_1"), None, ALL), [r3]);
+        assert!(query(Some("sent"), None, Some(T0 + 100), ALL).is_empty());
+        assert_eq!(query(None, None, None, 2), [r4, r3]);
+        assert_eq!(query(Some("pending"), None, None, 1), [r4]);
+
+        let feed = t.store.changes(None, ALL).await.unwrap();
+        for row in t.ops.forwards(&OutboxQuery::newest(ALL)).unwrap() {
+            let (shown, body) = t.ops.forward_row(row.id).unwrap().unwrap();
+            assert_eq!(
+                serde_json::to_value(&shown).unwrap(),
+                serde_json::to_value(&row).unwrap()
+            );
+            let change = feed.iter().find(|c| c.id == row.message_id).unwrap();
+            assert_eq!(body, serde_json::to_string_pretty(change).unwrap());
+        }
+        assert!(t.ops.forward_row(999_999).unwrap().is_none());
+    }
+
+    /// Relays claiming at the same moment never take the same change, nor two changes of one
+    /// order: drained round by round, every change is claimed once, each order's in its order.
+    pub async fn concurrent_forward_claims_take_each_change_once_and_each_orders_in_order(t: Ctx) {
+        assert!(t.ops.set_forwarding(true, t.now()).unwrap());
+        const ORDERS: usize = 12;
+        for i in 0..ORDERS {
+            t.create_api_order(new_order(&format!("ord_{i}"))).await;
+        }
+        for i in 0..ORDERS {
+            t.record(paid(&format!("evt_{i}"), &format!("ord_{i}")))
+                .await;
+        }
+        for i in 0..ORDERS {
+            t.ops
+                .set_status_by_operator(&format!("ord_{i}"), &by_operator(Refunded), t.now())
+                .unwrap();
+        }
+        assert_eq!(forward_rows(&t).len(), ORDERS * 3);
+
+        let owners = ["relay-a", "relay-b", "relay-c", "relay-d"];
+        let t = &t;
+        let mut seen: std::collections::HashMap<String, Vec<i64>> = Default::default();
+        let mut claimed_total = 0;
+        for _round in 0..10 {
+            let claims = join_all(owners.iter().map(|owner| claim_changes(t, owner, 5))).await;
+            let round: Vec<(&str, &ClaimedForward)> = owners
+                .iter()
+                .zip(&claims)
+                .flat_map(|(owner, claimed)| claimed.iter().map(move |c| (*owner, c)))
+                .collect();
+            if round.is_empty() {
+                break;
+            }
+            let orders: std::collections::HashSet<&str> =
+                round.iter().map(|(_, c)| c.order_id.as_str()).collect();
+            assert_eq!(
+                orders.len(),
+                round.len(),
+                "two claims took one change, or two changes of one order"
+            );
+            for (_, c) in &round {
+                let body: Value = serde_json::from_str(&c.body).unwrap();
+                seen.entry(c.order_id.clone())
+                    .or_default()
+                    .push(body["sequence"].as_i64().unwrap());
+            }
+            claimed_total += round.len();
+            let recorded = join_all(owners.iter().zip(&claims).map(|(owner, claimed)| {
+                let results: Vec<_> = claimed.iter().map(|c| (c.id, SendOutcome::Sent)).collect();
+                async move { forward_results(t, owner, &results).await }
+            }))
+            .await;
+            assert!(
+                recorded.iter().flatten().all(|owned| *owned),
+                "{recorded:?}"
+            );
+        }
+        assert_eq!(claimed_total, ORDERS * 3, "each change claimed once");
+        assert_eq!(seen.len(), ORDERS);
+        for (order_id, sequences) in &seen {
+            assert_eq!(sequences, &[1, 2, 3], "{order_id}");
+        }
+        assert!(forward_rows(t).iter().all(|r| r.status == "sent"));
+    }
+
     // --- backup --------------------------------------------------------------------------------
 
     /// A backup is a copy as of the moment it was taken: its report counts what it holds, and
@@ -3010,6 +3760,37 @@ mod suite {
             serde_json::to_value(t.ops.outbox(&OutboxQuery::newest(ALL)).unwrap()[1..].to_vec())
                 .unwrap()
         );
+    }
+
+    /// A backup holds the forwarding rows as they were, each with its message.
+    pub async fn a_backup_holds_the_forwarded_changes_as_they_were(t: Ctx) {
+        assert!(t.ops.set_forwarding(true, t.now()).unwrap());
+        t.record(paid("evt_1", "ord_1")).await;
+        t.create_api_order(new_order("ord_2")).await;
+        let claimed = claim_changes(&t, "relay-a", 1).await;
+        assert_eq!(
+            forward_results(&t, "relay-a", &[(claimed[0].id, SendOutcome::Sent)]).await,
+            [true]
+        );
+        let rows = serde_json::to_value(t.ops.forwards(&OutboxQuery::newest(ALL)).unwrap());
+        let out = t.engine.backup_path();
+        t.ops.backup(&out).unwrap();
+        t.advance(1);
+        t.record(paid("evt_3", "ord_3")).await;
+
+        let Some(copy) = t.engine.open_backup(&out) else {
+            eprintln!("this engine's backups cannot be opened here");
+            return;
+        };
+        let copied = copy.forwards(&OutboxQuery::newest(ALL)).unwrap();
+        assert_eq!(serde_json::to_value(&copied).unwrap(), rows.unwrap());
+        assert_eq!(copied.len(), 2);
+        for row in &copied {
+            assert_eq!(
+                copy.forward_row(row.id).unwrap().map(|(_, body)| body),
+                t.ops.forward_row(row.id).unwrap().map(|(_, body)| body)
+            );
+        }
     }
 
     pub async fn a_backup_never_overwrites_an_existing_file(t: Ctx) {

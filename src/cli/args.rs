@@ -326,7 +326,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=512))]
     pub workers: usize,
-    /// Do not run the outbox relay in this process (run `sekali relay` elsewhere).
+    /// Do not run the outbox relay in this process (run `sekali relay` elsewhere), nor send
+    /// forwarded changes (they are still queued, for an instance without this flag).
     #[arg(long)]
     pub no_relay: bool,
     /// Confirm each Midtrans notification with Midtrans's status API before applying it

@@ -11,6 +11,7 @@ use base64::Engine as _;
 use secrecy::{ExposeSecret, SecretString};
 use standardwebhooks::Webhook;
 
+use crate::domain::text::without_userinfo;
 use crate::mail::transport::SendError;
 
 /// The shop's endpoint.
@@ -49,6 +50,7 @@ impl std::fmt::Debug for ForwardConfig {
 /// A forwarding setting that cannot be used; names the variable, never a secret's value.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ForwardConfigError {
+    /// The URL as given, its password (if any) replaced by `***`.
     #[error("SEKALI_FORWARD_URL must be an http:// or https:// URL with a host, got {0:?}")]
     BadUrl(String),
     #[error("SEKALI_FORWARD_URL is set but SEKALI_FORWARD_SECRET is not: every forwarded message is signed; make one with `sekali forward new-secret`")]
@@ -89,10 +91,10 @@ impl ForwardConfig {
         };
         let parsed = url
             .parse::<awc::http::Uri>()
-            .map_err(|_| ForwardConfigError::BadUrl(url.to_owned()))?;
+            .map_err(|_| ForwardConfigError::BadUrl(without_userinfo(url)))?;
         let scheme_ok = matches!(parsed.scheme_str(), Some("http" | "https"));
         if !scheme_ok || parsed.host().is_none_or(str::is_empty) {
-            return Err(ForwardConfigError::BadUrl(url.to_owned()));
+            return Err(ForwardConfigError::BadUrl(without_userinfo(url)));
         }
         let parts: Vec<&str> = secrets.split(',').map(str::trim).collect();
         let count = parts.len();
@@ -127,16 +129,7 @@ impl ForwardConfig {
 
     /// The URL as logs show it: a `user:password@` in it becomes `***@`.
     pub fn shown_url(&self) -> String {
-        match self.url.split_once("://") {
-            Some((scheme, rest)) => {
-                let authority_end = rest.find('/').unwrap_or(rest.len());
-                match rest[..authority_end].rfind('@') {
-                    Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-                    None => self.url.clone(),
-                }
-            }
-            None => self.url.clone(),
-        }
+        without_userinfo(&self.url)
     }
 
     /// The `webhook-signature` header of `body` sent as message `id` at `timestamp`: `v1,<base64>`

@@ -7,6 +7,7 @@ mod bench_safety;
 mod changes;
 mod concurrency;
 mod environment;
+mod forward;
 mod helpers;
 mod hostile;
 mod inspect;
