@@ -2,9 +2,10 @@
 //!
 //! The real server as shops run it with forwarding on (`sekali serve`: the email relay writing
 //! `.eml` files, and every order change forwarded to a local endpoint that answers 200 at once),
-//! against `sekali serve --no-relay` without forwarding, in interleaved pairs so that the
-//! machine's drift falls on both; then, for each forwarding run, the time from the end of the
-//! load until every change was forwarded. The load is `sekali bench`'s generator (signed at send
+//! against the same without forwarding (forwarding's own cost) and against `sekali serve
+//! --no-relay` without forwarding (the cost of both outboxes), interleaved round by round so that
+//! the machine's drift falls on all three; then, for each forwarding run, the time from the end
+//! of the load until every change was forwarded. The load is `sekali bench`'s generator (signed at send
 //! time, 20 % racing redeliveries). Sizes: SEKALI_BENCH_EVENTS (default 200000),
 //! SEKALI_BENCH_CONCURRENCY (default 64), SEKALI_BENCH_ROUNDS (default 3).
 
@@ -208,7 +209,10 @@ fn main() {
         "sekali forwarding: {events} unique Stripe deliveries + 20 % redeliveries, {concurrency} connections, {rounds} interleaved rounds, {} cores shared with the load generator and the receiver",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let (mut forwarding, mut bare, mut drains) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut forwarding, mut emails_only, mut bare, mut drains) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut forwarding_p99, mut emails_only_p99) = (Vec::new(), Vec::new());
+    let p99 = |report: &BenchReport| report.p99_ms.expect("every delivery was answered 2xx");
     for round in 1..=rounds {
         let (report, forwarded) = measure(
             &format!("serve + forwarding (default), #{round}"),
@@ -219,7 +223,18 @@ fn main() {
             concurrency,
         );
         forwarding.push(report.deliveries_per_sec);
+        forwarding_p99.push(p99(&report));
         drains.push(forwarded.expect("forwarding measured").0.as_secs_f64());
+        let (report, _) = measure(
+            &format!("serve (default), no forwarding, #{round}"),
+            runs.path(),
+            &[],
+            None,
+            events,
+            concurrency,
+        );
+        emails_only.push(report.deliveries_per_sec);
+        emails_only_p99.push(p99(&report));
         let (report, _) = measure(
             &format!("serve --no-relay, no forwarding, #{round}"),
             runs.path(),
@@ -230,9 +245,11 @@ fn main() {
         );
         bare.push(report.deliveries_per_sec);
     }
-    let (forwarding, bare) = (median(forwarding), median(bare));
+    let (forwarding, emails_only, bare) = (median(forwarding), median(emails_only), median(bare));
     println!(
-        "medians: forwarding {forwarding:.0}/s, --no-relay {bare:.0}/s: ratio {:.2}; every change forwarded within {:.1} s of the load's end (median; worst {:.1} s); the receiver answered {} requests",
+        "medians: forwarding {forwarding:.0}/s, without forwarding {emails_only:.0}/s, --no-relay {bare:.0}/s; forwarding / without: {:.2} (p99 {:.2}), forwarding / --no-relay: {:.2}; every change forwarded within {:.1} s of the load's end (median; worst {:.1} s); the receiver answered {} requests",
+        forwarding / emails_only,
+        median(forwarding_p99) / median(emails_only_p99),
         forwarding / bare,
         median(drains.clone()),
         drains.iter().copied().fold(0.0, f64::max),

@@ -46,6 +46,7 @@ pub mod durable;
 pub mod forward;
 pub mod jobs;
 pub mod mail;
+pub mod metrics;
 pub mod open_files;
 pub mod providers;
 pub mod replay;

@@ -278,6 +278,14 @@ impl Application {
             idempotency_retention_secs: settings.idempotency_retention.as_secs() as i64,
             in_flight: Default::default(),
             refused: refused.clone(),
+            metrics: std::sync::Arc::new(crate::metrics::Metrics::new(
+                &settings
+                    .providers
+                    .iter()
+                    .map(|p| p.name().as_str().to_owned())
+                    .collect::<Vec<_>>(),
+                store.clone(),
+            )),
         });
         let workers = match settings.workers {
             0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),

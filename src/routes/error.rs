@@ -28,6 +28,27 @@ pub enum WebhookError {
     Unavailable(#[source] WriteError),
 }
 
+impl WebhookError {
+    /// Its reason as metrics count it: a kind, never the message.
+    pub fn refusal_reason(&self) -> crate::metrics::RefusalReason {
+        use crate::metrics::RefusalReason;
+        match self {
+            WebhookError::NotConfigured(_) => RefusalReason::NotConfigured,
+            WebhookError::PayloadTooLarge { .. } => RefusalReason::TooLarge,
+            WebhookError::BodyRead(_) | WebhookError::BodyTimedOut { .. } => {
+                RefusalReason::BodyNotRead
+            }
+            WebhookError::Rejected(rejection) => match rejection.kind {
+                RejectionKind::Malformed => RefusalReason::Malformed,
+                RejectionKind::Unauthorized => RefusalReason::Unauthorized,
+                RejectionKind::NotConfirmed => RefusalReason::NotConfirmed,
+            },
+            WebhookError::Overloaded => RefusalReason::Overloaded,
+            WebhookError::Unavailable(_) => RefusalReason::Unavailable,
+        }
+    }
+}
+
 impl From<PayloadError> for WebhookError {
     fn from(error: PayloadError) -> Self {
         WebhookError::Rejected(error.into())

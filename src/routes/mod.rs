@@ -6,6 +6,7 @@ pub mod api;
 mod changes;
 mod error;
 mod health;
+mod metrics;
 mod orders;
 pub mod problem;
 mod webhooks;
@@ -38,6 +39,8 @@ pub struct AppState {
     pub in_flight: api::InFlightKeys,
     /// Deliveries refused because the write queue was full, not yet logged.
     pub refused: std::sync::Arc<Refused>,
+    /// What `GET /metrics` reports.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 /// Deliveries answered 503 because the write queue was full, per provider, since the last
@@ -93,6 +96,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route(web::post().to(orders::create_order))
             .route(web::get().to(orders::list_orders))
             .route(web::head().to(orders::list_orders)),
+    )
+    .service(
+        resource("/metrics", "GET, HEAD")
+            .route(web::get().to(metrics::metrics))
+            .route(web::head().to(metrics::metrics)),
     )
     .service(
         api_resource("/changes", "GET, HEAD")

@@ -118,6 +118,26 @@ pub async fn create_order(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
+    use crate::metrics::OrdersApiResult;
+    let metrics = state.metrics.clone();
+    let answer = answer_create_order(client, key, req, payload, state).await;
+    metrics.orders_api(match &answer {
+        Ok(response) if response.headers().contains_key("idempotent-replayed") => {
+            OrdersApiResult::Replayed
+        }
+        Ok(response) => OrdersApiResult::of_status(response.status().as_u16()),
+        Err(problem) => OrdersApiResult::of_status(problem.status),
+    });
+    answer
+}
+
+async fn answer_create_order(
+    client: ApiClient,
+    key: IdempotencyKey,
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
     let body = super::read_limited_body(&req, payload, state.max_body_bytes, state.body_timeout)
         .await
         .map_err(|e| match e {

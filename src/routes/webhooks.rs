@@ -34,11 +34,21 @@ pub async fn webhook(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> HttpResponse {
+    let started = std::time::Instant::now();
     let Some(provider) = state.providers.get(&name).cloned() else {
         if providers::is_registered(&name) {
             let error = WebhookError::NotConfigured(name.into_inner());
             tracing::info!(status = 404, error = %error, "delivery rejected");
-            return error.error_response();
+            let response = error.error_response();
+            if let WebhookError::NotConfigured(provider) = &error {
+                state.metrics.delivery(
+                    provider,
+                    Err(error.refusal_reason()),
+                    response.status().as_u16(),
+                    started.elapsed(),
+                );
+            }
+            return response;
         }
         return super::no_such_webhook();
     };
@@ -55,7 +65,18 @@ pub async fn webhook(
         span.clone(),
     )
     .await;
-    respond(provider.name(), &span, result, &state.refused)
+    let counted = match &result {
+        Ok(recorded) => Ok(recorded.outcome),
+        Err(error) => Err(error.refusal_reason()),
+    };
+    let response = respond(provider.name(), &span, result, &state.refused);
+    state.metrics.delivery(
+        provider.name().as_str(),
+        counted,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
 }
 
 /// Another method on a webhook URL: 405 for a provider sekali knows (someone opening the URL in

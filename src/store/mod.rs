@@ -34,9 +34,10 @@ pub use location::{maintenance, open, Location, Options};
 pub use model::{
     BackupReport, ClaimRequest, Claimed, ClaimedEmail, ClaimedForward, DeletedRun, EventDetail,
     EventQuery, EventSummary, ForwardRow, IdempotentOutcome, NewOrder, NextTry, OperatorChange,
-    OrderView, OrdersOutsideRuns, OutboxKind, OutboxQuery, OutboxRow, PaymentView, Purged, Retried,
-    RunCounts, RunDeletion, RunEmail, RunMarker, SendOutcome, SendResult, SetStatusError, Skipped,
-    StoreStats, StoredResponse, Transition, WriterStats, DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
+    OrderView, OrdersOutsideRuns, OutboxBacklog, OutboxKind, OutboxQuery, OutboxRow, PaymentView,
+    Purged, Retried, RunCounts, RunDeletion, RunEmail, RunMarker, SendOutcome, SendResult,
+    SetStatusError, Skipped, StoreStats, StoredResponse, Transition, WriterStats,
+    DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
 };
 
 /// A store failure, in engine-neutral kinds. What the database itself reported is kept as the
@@ -314,6 +315,12 @@ pub trait Store: Send + Sync {
         after: Option<ChangeCursor>,
         limit: u32,
     ) -> BoxFuture<'_, Result<Vec<Change>, StoreError>>;
+
+    /// Each outbox's backlog as of `now_ms`: emails, then forwarded changes.
+    fn outbox_backlog(
+        &self,
+        now_ms: i64,
+    ) -> BoxFuture<'_, Result<[(OutboxKind, OutboxBacklog); 2], StoreError>>;
 
     /// Ok when the database answers a read.
     fn check_health(&self) -> BoxFuture<'_, Result<(), StoreError>>;

@@ -145,6 +145,37 @@ impl OutboxKind {
     }
 }
 
+/// An outbox's backlog, as metrics report it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OutboxBacklog {
+    /// Rows waiting to be sent (due or not).
+    pub pending: i64,
+    /// Rows that will not be sent unless an operator retries them.
+    pub dead: i64,
+    /// How long the oldest row that is due has been due (zero when none is).
+    pub oldest_due_age: std::time::Duration,
+}
+
+impl OutboxBacklog {
+    /// From the counts and the oldest due row's `next_attempt_at` (fixed-width millisecond UTC
+    /// text), as of `now_ms`.
+    pub fn at(pending: i64, dead: i64, oldest_due: Option<&str>, now_ms: i64) -> OutboxBacklog {
+        let oldest_due_age = oldest_due
+            .and_then(|text| humantime::parse_rfc3339(text).ok())
+            .and_then(|due| due.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|due| {
+                let now = std::time::Duration::from_millis(now_ms.max(0) as u64);
+                now.saturating_sub(due)
+            })
+            .unwrap_or_default();
+        OutboxBacklog {
+            pending,
+            dead,
+            oldest_due_age,
+        }
+    }
+}
+
 /// A forwarding row as `sekali forward list/show` prints it.
 #[derive(Debug, Clone, Serialize)]
 pub struct ForwardRow {

@@ -15,6 +15,7 @@ mod known_answers;
 mod ledger;
 mod ledger_model;
 mod limits;
+mod metrics;
 mod midtrans;
 mod midtrans_status;
 mod migration;

@@ -20,8 +20,8 @@ use crate::store::model::{
     RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats, Transition,
 };
 use crate::store::{
-    Change, ChangeCursor, CreateOrder, ForwardRow, Maintenance, OrderQuery, OutboxKind, Outcome,
-    Skipped, Store, WriteError,
+    Change, ChangeCursor, CreateOrder, ForwardRow, Maintenance, OrderQuery, OutboxBacklog,
+    OutboxKind, Outcome, Skipped, Store, WriteError,
 };
 
 /// Connections an instance keeps for `/healthz` and the orders API's reads.
@@ -177,6 +177,13 @@ impl Store for PgStore {
             .await
             .map_err(|e| StoreError::Blocking(e.to_string()))?
         })
+    }
+
+    fn outbox_backlog(
+        &self,
+        now_ms: i64,
+    ) -> BoxFuture<'_, Result<[(OutboxKind, OutboxBacklog); 2], StoreError>> {
+        self.read(move |db| reads::outbox_backlog(db, now_ms))
     }
 
     fn check_health(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -5,7 +5,9 @@ use postgres::Row;
 
 use super::{get, Db, StoreError};
 use crate::clock::iso_seconds;
-use crate::store::model::{EventDetail, EventQuery, EventSummary, RunCounts};
+use crate::store::model::{
+    EventDetail, EventQuery, EventSummary, OutboxBacklog, OutboxKind, RunCounts,
+};
 use crate::store::ErrorKind;
 
 /// A filter's value, owned by [`Filters`].
@@ -182,4 +184,36 @@ pub fn run_counts(db: &mut Db<'_, '_>, marker: &str) -> Result<RunCounts, StoreE
             "SELECT count(DISTINCT order_id) FROM email_outbox WHERE order_id ILIKE $1 ESCAPE ''",
         )?,
     })
+}
+
+/// Each outbox's backlog as of `now_ms` (see [`crate::store::Store::outbox_backlog`]).
+pub fn outbox_backlog(
+    db: &mut Db<'_, '_>,
+    now_ms: i64,
+) -> Result<[(OutboxKind, OutboxBacklog); 2], StoreError> {
+    let now = crate::clock::iso_millis(now_ms);
+    let mut read = |kind: OutboxKind, sql: &'static str| -> Result<_, StoreError> {
+        let row = db.query_one(sql, &[&now])?;
+        let oldest: Option<String> = get(&row, 2)?;
+        Ok((
+            kind,
+            OutboxBacklog::at(get(&row, 0)?, get(&row, 1)?, oldest.as_deref(), now_ms),
+        ))
+    };
+    Ok([
+        read(
+            OutboxKind::Email,
+            "SELECT (SELECT count(*) FROM email_outbox WHERE status = 'pending'),
+                    (SELECT count(*) FROM email_outbox WHERE status = 'dead'),
+                    (SELECT min(next_attempt_at) FROM email_outbox
+                     WHERE status = 'pending' AND next_attempt_at <= $1::text)",
+        )?,
+        read(
+            OutboxKind::Forward,
+            "SELECT (SELECT count(*) FROM forward_outbox WHERE status = 'pending'),
+                    (SELECT count(*) FROM forward_outbox WHERE status = 'dead'),
+                    (SELECT min(next_attempt_at) FROM forward_outbox
+                     WHERE status = 'pending' AND next_attempt_at <= $1::text)",
+        )?,
+    ])
 }

@@ -17,8 +17,8 @@ use crate::store::model::{
     RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats, Transition,
 };
 use crate::store::{
-    Change, ChangeCursor, CreateOrder, ForwardRow, Maintenance, OrderQuery, OutboxKind, Outcome,
-    Skipped, Store, WriteError,
+    Change, ChangeCursor, CreateOrder, ForwardRow, Maintenance, OrderQuery, OutboxBacklog,
+    OutboxKind, Outcome, Skipped, Store, WriteError,
 };
 
 /// Read-only connections the server keeps for `/healthz` and the orders API's reads.
@@ -120,6 +120,13 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> BoxFuture<'_, Result<Vec<Change>, StoreError>> {
         self.read(move |conn| orders::changes(conn, after, limit))
+    }
+
+    fn outbox_backlog(
+        &self,
+        now_ms: i64,
+    ) -> BoxFuture<'_, Result<[(OutboxKind, OutboxBacklog); 2], StoreError>> {
+        self.read(move |conn| reads::outbox_backlog(conn, now_ms))
     }
 
     fn check_health(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -4,7 +4,9 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::clock::iso_seconds;
-use crate::store::model::{EventDetail, EventQuery, EventSummary, RunCounts};
+use crate::store::model::{
+    EventDetail, EventQuery, EventSummary, OutboxBacklog, OutboxKind, RunCounts,
+};
 
 /// The WHERE clause of a listing's filters and their values, in order. Only the filters given
 /// are in the SQL: SQLite can use an index for `order_id = ?`, but not for `(? IS NULL OR
@@ -132,4 +134,30 @@ pub fn run_counts(conn: &Connection, marker: &str) -> rusqlite::Result<RunCounts
             "SELECT count(DISTINCT order_id) FROM email_outbox WHERE order_id LIKE ?1",
         )?,
     })
+}
+
+/// Each outbox's backlog as of `now_ms` (see [`crate::store::Store::outbox_backlog`]): three
+/// index lookups per outbox (`(status, next_attempt_at)`).
+pub fn outbox_backlog(
+    conn: &Connection,
+    now_ms: i64,
+) -> rusqlite::Result<[(OutboxKind, OutboxBacklog); 2]> {
+    let now = crate::clock::iso_millis(now_ms);
+    let read = |kind: OutboxKind| -> rusqlite::Result<(OutboxKind, OutboxBacklog)> {
+        let table = kind.table();
+        conn.prepare_cached(&format!(
+            "SELECT (SELECT count(*) FROM {table} WHERE status = 'pending'),
+                    (SELECT count(*) FROM {table} WHERE status = 'dead'),
+                    (SELECT min(next_attempt_at) FROM {table}
+                     WHERE status = 'pending' AND next_attempt_at <= ?1)"
+        ))?
+        .query_row([&now], |row| {
+            let oldest: Option<String> = row.get(2)?;
+            Ok((
+                kind,
+                OutboxBacklog::at(row.get(0)?, row.get(1)?, oldest.as_deref(), now_ms),
+            ))
+        })
+    };
+    Ok([read(OutboxKind::Email)?, read(OutboxKind::Forward)?])
 }

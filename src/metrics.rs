@@ -1,0 +1,418 @@
+//! Prometheus metrics: `GET /metrics` in the Prometheus text format (docs/operations.md#metrics),
+//! through `prometheus-client`, the official Rust client.
+//!
+//! Every metric has the `sekali_` prefix, base units, `_total` on counters, and no label that
+//! grows with the traffic (no order or event id, no address): a provider's name, an outcome, a
+//! status code, a reason kind, an outbox. Every series a label set can take is made at startup,
+//! so a counter is 0 before its first event rather than missing (an alert on `rate()` of a
+//! missing series never fires).
+//!
+//! What the routes count is counted on the request's path at the cost of an atomic add; what
+//! the store knows (its writer's work, the outboxes' backlog) is read when Prometheus scrapes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::domain::Outcome;
+use crate::store::{OutboxBacklog, Store};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderOutcome {
+    provider: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderCode {
+    provider: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderReason {
+    provider: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabel {
+    provider: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutboxLabel {
+    outbox: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: String,
+}
+
+/// Why a delivery was refused, as a label: a kind, never the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// 400: not a delivery the provider could have sent.
+    Malformed,
+    /// 401: not proven to come from the provider (a rotated secret shows here).
+    Unauthorized,
+    /// 503: could not be confirmed with the provider now.
+    NotConfirmed,
+    /// 413: over `--max-body-bytes`.
+    TooLarge,
+    /// 408: the body did not arrive in time, or could not be read.
+    BodyNotRead,
+    /// 503: too many deliveries waiting for the writer.
+    Overloaded,
+    /// 503: the store could not commit.
+    Unavailable,
+    /// 404: the provider's secret is not set on this server.
+    NotConfigured,
+}
+
+impl RefusalReason {
+    pub const ALL: [RefusalReason; 8] = [
+        RefusalReason::Malformed,
+        RefusalReason::Unauthorized,
+        RefusalReason::NotConfirmed,
+        RefusalReason::TooLarge,
+        RefusalReason::BodyNotRead,
+        RefusalReason::Overloaded,
+        RefusalReason::Unavailable,
+        RefusalReason::NotConfigured,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::Malformed => "malformed",
+            RefusalReason::Unauthorized => "unauthorized",
+            RefusalReason::NotConfirmed => "not_confirmed",
+            RefusalReason::TooLarge => "too_large",
+            RefusalReason::BodyNotRead => "body_not_read",
+            RefusalReason::Overloaded => "overloaded",
+            RefusalReason::Unavailable => "unavailable",
+            RefusalReason::NotConfigured => "not_configured",
+        }
+    }
+}
+
+/// What `POST /orders` answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrdersApiResult {
+    Created,
+    Replayed,
+    /// 409: the key in flight, or the order id taken.
+    Conflict,
+    /// 422: the key reused with another request.
+    KeyReused,
+    /// 400: the request itself.
+    Invalid,
+    Unavailable,
+}
+
+impl OrdersApiResult {
+    pub const ALL: [OrdersApiResult; 6] = [
+        OrdersApiResult::Created,
+        OrdersApiResult::Replayed,
+        OrdersApiResult::Conflict,
+        OrdersApiResult::KeyReused,
+        OrdersApiResult::Invalid,
+        OrdersApiResult::Unavailable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrdersApiResult::Created => "created",
+            OrdersApiResult::Replayed => "replayed",
+            OrdersApiResult::Conflict => "conflict",
+            OrdersApiResult::KeyReused => "key_reused",
+            OrdersApiResult::Invalid => "invalid",
+            OrdersApiResult::Unavailable => "unavailable",
+        }
+    }
+
+    /// The result a response of `status` stands for (`replayed` apart).
+    pub fn of_status(status: u16) -> OrdersApiResult {
+        match status {
+            200..=299 => OrdersApiResult::Created,
+            409 => OrdersApiResult::Conflict,
+            422 => OrdersApiResult::KeyReused,
+            400..=499 => OrdersApiResult::Invalid,
+            _ => OrdersApiResult::Unavailable,
+        }
+    }
+}
+
+/// The status codes a webhook is answered with, made at startup for every provider.
+const WEBHOOK_CODES: [u16; 8] = [200, 400, 401, 404, 408, 413, 500, 503];
+
+type LatencyFamily = Family<ProviderLabel, Histogram, fn() -> Histogram>;
+
+/// The metrics of one `serve` process.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    deliveries: Family<ProviderOutcome, Counter>,
+    responses: Family<ProviderCode, Counter>,
+    refusals: Family<ProviderReason, Counter>,
+    latency: LatencyFamily,
+    orders_api: Family<ResultLabel, Counter>,
+    outbox_pending: Family<OutboxLabel, Gauge>,
+    outbox_dead: Family<OutboxLabel, Gauge>,
+    outbox_oldest_due: Family<OutboxLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms to about 16 s: a delivery's commit is milliseconds, a slow disk's hundreds.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+impl Metrics {
+    /// Every series of every metric, for `providers`, at 0; the store's own read at each scrape.
+    pub fn new(providers: &[String], store: Arc<dyn Store>) -> Metrics {
+        let mut registry = Registry::with_prefix("sekali");
+        let deliveries = Family::<ProviderOutcome, Counter>::default();
+        registry.register(
+            "deliveries",
+            "Webhook deliveries applied or recognised, by provider and outcome (duplicate: a delivery seen before)",
+            deliveries.clone(),
+        );
+        let responses = Family::<ProviderCode, Counter>::default();
+        registry.register(
+            "webhook_responses",
+            "Answers to webhook deliveries, by provider and HTTP status code",
+            responses.clone(),
+        );
+        let refusals = Family::<ProviderReason, Counter>::default();
+        registry.register(
+            "refusals",
+            "Webhook deliveries refused, by provider and reason (unauthorized: a signature or token that does not match)",
+            refusals.clone(),
+        );
+        let latency: LatencyFamily = Family::new_with_constructor(latency_histogram);
+        registry.register_with_unit(
+            "delivery_duration",
+            "Time from a webhook's arrival to its answer, by provider",
+            prometheus_client::registry::Unit::Seconds,
+            latency.clone(),
+        );
+        let orders_api = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "orders_api_requests",
+            "POST /orders requests, by result",
+            orders_api.clone(),
+        );
+        let outbox_pending = Family::<OutboxLabel, Gauge>::default();
+        registry.register(
+            "outbox_pending",
+            "Rows waiting to be sent, by outbox (email, forward), as of the scrape",
+            outbox_pending.clone(),
+        );
+        let outbox_dead = Family::<OutboxLabel, Gauge>::default();
+        registry.register(
+            "outbox_dead",
+            "Rows that will not be sent unless an operator retries them, by outbox",
+            outbox_dead.clone(),
+        );
+        let outbox_oldest_due =
+            Family::<OutboxLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register_with_unit(
+            "outbox_oldest_due_age",
+            "How long the oldest row that is due has waited for its send, by outbox (0: none due)",
+            prometheus_client::registry::Unit::Seconds,
+            outbox_oldest_due.clone(),
+        );
+        let build_info = Family::<VersionLabel, Gauge>::default();
+        registry.register(
+            "build_info",
+            "The running sekali's version (always 1)",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
+        registry.register_collector(Box::new(WriterCollector { store }));
+
+        for provider in providers {
+            let outcomes = Outcome::STORED
+                .iter()
+                .map(|o| o.as_str())
+                .chain([Outcome::Duplicate.as_str()]);
+            for outcome in outcomes {
+                let _ = deliveries.get_or_create(&ProviderOutcome {
+                    provider: provider.clone(),
+                    outcome: outcome.to_owned(),
+                });
+            }
+            for code in WEBHOOK_CODES {
+                let _ = responses.get_or_create(&ProviderCode {
+                    provider: provider.clone(),
+                    code: code.to_string(),
+                });
+            }
+            for reason in RefusalReason::ALL {
+                let _ = refusals.get_or_create(&ProviderReason {
+                    provider: provider.clone(),
+                    reason: reason.as_str().to_owned(),
+                });
+            }
+            let _ = latency.get_or_create(&ProviderLabel {
+                provider: provider.clone(),
+            });
+        }
+        for result in OrdersApiResult::ALL {
+            let _ = orders_api.get_or_create(&ResultLabel {
+                result: result.as_str().to_owned(),
+            });
+        }
+        for outbox in ["email", "forward"] {
+            let label = OutboxLabel {
+                outbox: outbox.to_owned(),
+            };
+            let _ = outbox_pending.get_or_create(&label);
+            let _ = outbox_dead.get_or_create(&label);
+            let _ = outbox_oldest_due.get_or_create(&label);
+        }
+        Metrics {
+            registry,
+            deliveries,
+            responses,
+            refusals,
+            latency,
+            orders_api,
+            outbox_pending,
+            outbox_dead,
+            outbox_oldest_due,
+        }
+    }
+
+    /// A delivery answered after `took`: its outcome, or its refusal, and the status sent.
+    pub fn delivery(
+        &self,
+        provider: &str,
+        result: Result<Outcome, RefusalReason>,
+        status: u16,
+        took: Duration,
+    ) {
+        let provider = provider.to_owned();
+        match result {
+            Ok(outcome) => self.deliveries.get_or_create(&ProviderOutcome {
+                provider: provider.clone(),
+                outcome: outcome.as_str().to_owned(),
+            }),
+            Err(reason) => self.refusals.get_or_create(&ProviderReason {
+                provider: provider.clone(),
+                reason: reason.as_str().to_owned(),
+            }),
+        }
+        .inc();
+        self.responses
+            .get_or_create(&ProviderCode {
+                provider: provider.clone(),
+                code: status.to_string(),
+            })
+            .inc();
+        self.latency
+            .get_or_create(&ProviderLabel { provider })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A `POST /orders` answered.
+    pub fn orders_api(&self, result: OrdersApiResult) {
+        self.orders_api
+            .get_or_create(&ResultLabel {
+                result: result.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// The text Prometheus scrapes, with the outboxes' backlog as `backlog` read it.
+    pub fn encode(&self, backlog: &[(&str, OutboxBacklog)]) -> String {
+        for (outbox, b) in backlog {
+            let label = OutboxLabel {
+                outbox: (*outbox).to_owned(),
+            };
+            self.outbox_pending.get_or_create(&label).set(b.pending);
+            self.outbox_dead.get_or_create(&label).set(b.dead);
+            self.outbox_oldest_due
+                .get_or_create(&label)
+                .set(b.oldest_due_age.as_secs_f64());
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+/// `Content-Type` of [`Metrics::encode`].
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// The writer's counters, read at each scrape (per process: each instance reports its own).
+struct WriterCollector {
+    store: Arc<dyn Store>,
+}
+
+impl std::fmt::Debug for WriterCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WriterCollector")
+    }
+}
+
+impl Collector for WriterCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let writer = self.store.stats().writer;
+        for (name, help, value) in [
+            (
+                "writer_transactions",
+                "Write transactions the writer committed",
+                writer.transactions,
+            ),
+            (
+                "writer_deliveries",
+                "Deliveries the writer committed (duplicates included)",
+                writer.deliveries,
+            ),
+            (
+                "writer_outbox_claims",
+                "Claims of outbox rows the writer committed (both outboxes)",
+                writer.outbox_claims,
+            ),
+            (
+                "writer_outbox_claimed_rows",
+                "Outbox rows those claims took",
+                writer.outbox_claimed_rows,
+            ),
+            (
+                "writer_outbox_results",
+                "Outbox results the writer recorded",
+                writer.outbox_results,
+            ),
+            (
+                "writer_reopens",
+                "Times the writer replaced its connection after a fault",
+                writer.reopens,
+            ),
+        ] {
+            let counter = ConstCounter::new(value);
+            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,32 @@
+//! `GET /metrics`: Prometheus's scrape (docs/operations.md#metrics).
+
+use actix_web::{web, HttpResponse};
+
+use super::AppState;
+use crate::store::OutboxKind;
+use crate::telemetry::ErrorChain;
+
+/// The metrics in the Prometheus text format, the outboxes' backlog read now. If the database
+/// cannot be read, the backlog keeps its last values and the rest is answered all the same (a
+/// scrape that fails would hide the metrics that say why).
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let backlog = match state.store.outbox_backlog(state.clock.now_millis()).await {
+        Ok(backlog) => backlog
+            .iter()
+            .map(|(kind, b)| {
+                let name = match kind {
+                    OutboxKind::Email => "email",
+                    OutboxKind::Forward => "forward",
+                };
+                (name, *b)
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %ErrorChain(&e), "reading the outboxes' backlog for /metrics failed");
+            Vec::new()
+        }
+    };
+    HttpResponse::Ok()
+        .content_type(crate::metrics::CONTENT_TYPE)
+        .body(state.metrics.encode(&backlog))
+}

@@ -1,0 +1,174 @@
+//! `GET /metrics`: every series there from startup at 0, counted as deliveries and API
+//! requests are answered, the outboxes' backlog read at the scrape, and no label that carries
+//! an order, an event or an address.
+
+use crate::helpers::*;
+
+const TOKEN: &str = "tok-metrics-5b1e";
+
+async fn scrape(app: &TestApp) -> (String, String) {
+    let mut response = app
+        .client
+        .get(format!("{}/metrics", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let body = response.body().await.unwrap();
+    (content_type, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// The value of the series `series` (name and labels as printed), or None when it is missing.
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+async fn spawn() -> TestApp {
+    spawn_app_with(|s| {
+        s.api_tokens = sekali::config::parse_api_tokens(&format!("shop:{TOKEN}")).unwrap()
+    })
+    .await
+}
+
+#[actix_web::test]
+async fn every_series_is_there_from_startup_at_zero_in_the_prometheus_text_format() {
+    let app = spawn().await;
+    let (content_type, text) = scrape(&app).await;
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
+    for series in [
+        r#"sekali_deliveries_total{provider="stripe",outcome="processed"}"#,
+        r#"sekali_deliveries_total{provider="midtrans",outcome="duplicate"}"#,
+        r#"sekali_deliveries_total{provider="stripe",outcome="needs_review"}"#,
+        r#"sekali_webhook_responses_total{provider="stripe",code="503"}"#,
+        r#"sekali_refusals_total{provider="stripe",reason="unauthorized"}"#,
+        r#"sekali_refusals_total{provider="midtrans",reason="not_confirmed"}"#,
+        r#"sekali_refusals_total{provider="stripe",reason="overloaded"}"#,
+        r#"sekali_delivery_duration_seconds_count{provider="stripe"}"#,
+        r#"sekali_orders_api_requests_total{result="created"}"#,
+        r#"sekali_orders_api_requests_total{result="conflict"}"#,
+        r#"sekali_outbox_pending{outbox="email"}"#,
+        r#"sekali_outbox_dead{outbox="forward"}"#,
+        r#"sekali_outbox_oldest_due_age_seconds{outbox="email"}"#,
+        "sekali_writer_deliveries_total",
+    ] {
+        assert_eq!(value(&text, series), Some(0.0), "{series} at 0 in:\n{text}");
+    }
+    assert_eq!(
+        value(
+            &text,
+            &format!(
+                r#"sekali_build_info{{version="{}"}}"#,
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        Some(1.0)
+    );
+    // Prometheus's naming rules: one prefix, counters end in _total, base units.
+    for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let mut parts = line.split(' ').skip(2);
+        let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+        assert!(name.starts_with("sekali_"), "{line}");
+        if kind == "counter" {
+            assert!(name.ends_with("_total"), "{line}");
+        }
+        assert!(!name.contains("millis"), "{line}");
+    }
+    app.stop().await;
+}
+
+#[actix_web::test]
+async fn deliveries_refusals_and_order_requests_are_counted_as_answered_and_no_id_is_a_label() {
+    let app = spawn().await;
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded")
+            .await
+            .outcome(),
+        "processed"
+    );
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded")
+            .await
+            .outcome(),
+        "duplicate"
+    );
+    let forged = app
+        .post_stripe(
+            &fixture("stripe/payment_intent.succeeded.json"),
+            Some("t=1,v1=00"),
+        )
+        .await;
+    assert_eq!(forged.status, 401, "a stale, wrong signature");
+    let order =
+        r#"{"order_id":"ord_metrics_9","amount":2500,"currency":"usd","provider":"stripe"}"#;
+    for _ in 0..2 {
+        let response = app
+            .client
+            .post(format!("{}/orders", app.address))
+            .insert_header(("Authorization", format!("Bearer {TOKEN}")))
+            .insert_header(("Idempotency-Key", "metrics-key-1"))
+            .insert_header(("Content-Type", "application/json"))
+            .send_body(order)
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 201);
+    }
+    let (_, text) = scrape(&app).await;
+    let at = |series: &str| value(&text, series).unwrap_or_else(|| panic!("{series} in:\n{text}"));
+    assert_eq!(
+        at(r#"sekali_deliveries_total{provider="stripe",outcome="processed"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"sekali_deliveries_total{provider="stripe",outcome="duplicate"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"sekali_webhook_responses_total{provider="stripe",code="200"}"#),
+        2.0
+    );
+    assert_eq!(
+        at(r#"sekali_refusals_total{provider="stripe",reason="unauthorized"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"sekali_webhook_responses_total{provider="stripe",code="401"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"sekali_delivery_duration_seconds_count{provider="stripe"}"#),
+        3.0
+    );
+    assert_eq!(
+        at(r#"sekali_orders_api_requests_total{result="created"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"sekali_orders_api_requests_total{result="replayed"}"#),
+        1.0
+    );
+    assert_eq!(at("sekali_writer_deliveries_total"), 2.0);
+    // The paid order's receipt waits (this server runs no relay): the backlog says so.
+    assert_eq!(at(r#"sekali_outbox_pending{outbox="email"}"#), 1.0);
+    // Nothing that identifies an order, an event or a customer is a label.
+    for id in [
+        "ord_1001",
+        "ord_metrics_9",
+        "evt_",
+        "pi_3QA0001Order1001",
+        "@example.com",
+        "metrics-key-1",
+    ] {
+        assert!(!text.contains(id), "{id} appears in:\n{text}");
+    }
+    app.stop().await;
+}
