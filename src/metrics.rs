@@ -22,7 +22,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::domain::Outcome;
-use crate::store::{OutboxBacklog, Store};
+use crate::store::{OutboxBacklog, SendOutcome, SendResult, Store};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProviderOutcome {
@@ -55,6 +55,17 @@ struct ResultLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutboxLabel {
     outbox: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransportResult {
+    transport: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabel {
+    table: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -173,7 +184,45 @@ pub struct Metrics {
     outbox_pending: Family<OutboxLabel, Gauge>,
     outbox_dead: Family<OutboxLabel, Gauge>,
     outbox_oldest_due: Family<OutboxLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    relay_attempts: Family<TransportResult, Counter>,
+    purge_runs: Counter,
+    purge_deleted: Family<TableLabel, Counter>,
 }
+
+/// The transports a relay sends through, as the `transport` label: the email relay's three, and
+/// forwarding.
+pub const TRANSPORTS: [&str; 4] = ["file", "smtp", "http", "forward"];
+
+/// What became of one attempt to send an outbox row, as the `result` label.
+pub fn attempt_result(outcome: &SendOutcome) -> &'static str {
+    match outcome {
+        SendOutcome::Sent => "sent",
+        SendOutcome::Failed {
+            retry_at_ms: Some(_),
+            ..
+        } => "retry",
+        SendOutcome::Failed {
+            retry_at_ms: None, ..
+        } => "dead",
+        SendOutcome::Untried {
+            retry_at_ms: Some(_),
+            ..
+        } => "unavailable",
+        SendOutcome::Untried {
+            retry_at_ms: None, ..
+        } => "withheld",
+        SendOutcome::Skipped => "skipped",
+    }
+}
+
+const ATTEMPT_RESULTS: [&str; 6] = [
+    "sent",
+    "retry",
+    "dead",
+    "unavailable",
+    "withheld",
+    "skipped",
+];
 
 fn latency_histogram() -> Histogram {
     // 0.5 ms to about 16 s: a delivery's commit is milliseconds, a slow disk's hundreds.
@@ -235,6 +284,24 @@ impl Metrics {
             prometheus_client::registry::Unit::Seconds,
             outbox_oldest_due.clone(),
         );
+        let relay_attempts = Family::<TransportResult, Counter>::default();
+        registry.register(
+            "relay_attempts",
+            "Outbox rows the relays tried, by transport (file, smtp, http for emails; forward for changes) and result (retry: failed, tried again later; unavailable: the transport was down, no try counted)",
+            relay_attempts.clone(),
+        );
+        let purge_runs = Counter::default();
+        registry.register(
+            "purge_runs",
+            "Purge passes this process ran",
+            purge_runs.clone(),
+        );
+        let purge_deleted = Family::<TableLabel, Counter>::default();
+        registry.register(
+            "purge_deleted_rows",
+            "Expired rows the purge deleted, by table",
+            purge_deleted.clone(),
+        );
         let build_info = Family::<VersionLabel, Gauge>::default();
         registry.register(
             "build_info",
@@ -246,6 +313,18 @@ impl Metrics {
                 version: env!("CARGO_PKG_VERSION").to_owned(),
             })
             .set(1);
+        let writer = store.writer_histograms();
+        registry.register_with_unit(
+            "writer_commit_duration",
+            "How long each COMMIT of the writer took (the wait for the disk or the server's WAL flush)",
+            prometheus_client::registry::Unit::Seconds,
+            writer.commit_seconds,
+        );
+        registry.register(
+            "writer_batch_units",
+            "Units of work (deliveries, outbox claims and results, API requests) per committed transaction",
+            writer.batch_units,
+        );
         registry.register_collector(Box::new(WriterCollector { store }));
 
         for provider in providers {
@@ -280,6 +359,19 @@ impl Metrics {
                 result: result.as_str().to_owned(),
             });
         }
+        for transport in TRANSPORTS {
+            for result in ATTEMPT_RESULTS {
+                let _ = relay_attempts.get_or_create(&TransportResult {
+                    transport: transport.to_owned(),
+                    result: result.to_owned(),
+                });
+            }
+        }
+        for table in ["processed_events", "idempotency_keys"] {
+            let _ = purge_deleted.get_or_create(&TableLabel {
+                table: table.to_owned(),
+            });
+        }
         for outbox in ["email", "forward"] {
             let label = OutboxLabel {
                 outbox: outbox.to_owned(),
@@ -298,6 +390,33 @@ impl Metrics {
             outbox_pending,
             outbox_dead,
             outbox_oldest_due,
+            relay_attempts,
+            purge_runs,
+            purge_deleted,
+        }
+    }
+
+    /// A relay's batch of results through `transport` (one of [`TRANSPORTS`]).
+    pub fn relay_results(&self, transport: &str, results: &[SendResult]) {
+        for result in results {
+            self.relay_attempts
+                .get_or_create(&TransportResult {
+                    transport: transport.to_owned(),
+                    result: attempt_result(&result.outcome).to_owned(),
+                })
+                .inc();
+        }
+    }
+
+    /// A purge pass that deleted `events` expired event ids and `keys` idempotency keys.
+    pub fn purge(&self, events: u64, keys: u64) {
+        self.purge_runs.inc();
+        for (table, n) in [("processed_events", events), ("idempotency_keys", keys)] {
+            self.purge_deleted
+                .get_or_create(&TableLabel {
+                    table: table.to_owned(),
+                })
+                .inc_by(n);
         }
     }
 

@@ -268,6 +268,14 @@ impl Application {
 
         let clock_for_relay = clock.clone();
         let refused = std::sync::Arc::new(routes::Refused::new(&settings.providers));
+        let metrics = std::sync::Arc::new(crate::metrics::Metrics::new(
+            &settings
+                .providers
+                .iter()
+                .map(|p| p.name().as_str().to_owned())
+                .collect::<Vec<_>>(),
+            store.clone(),
+        ));
         let state = web::Data::new(AppState {
             providers: settings.providers.clone(),
             api_tokens: settings.api_tokens.clone(),
@@ -278,14 +286,7 @@ impl Application {
             idempotency_retention_secs: settings.idempotency_retention.as_secs() as i64,
             in_flight: Default::default(),
             refused: refused.clone(),
-            metrics: std::sync::Arc::new(crate::metrics::Metrics::new(
-                &settings
-                    .providers
-                    .iter()
-                    .map(|p| p.name().as_str().to_owned())
-                    .collect::<Vec<_>>(),
-                store.clone(),
-            )),
+            metrics: metrics.clone(),
         });
         let workers = match settings.workers {
             0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
@@ -325,6 +326,7 @@ impl Application {
             settings.purge_interval,
             settings.purge_batch,
             shutdown.clone(),
+            metrics.clone(),
         ));
         let relay = settings.relay.clone().map(|(mut config, mail)| {
             config.db = settings.db.clone();
@@ -333,7 +335,7 @@ impl Application {
                 mail,
                 clock_for_relay.clone(),
                 shutdown.clone(),
-                crate::jobs::relay::Queue::server(store.clone()),
+                crate::jobs::relay::Queue::server(store.clone()).with_metrics(metrics.clone()),
             )
         });
         let forwarder = match (&settings.forward, &settings.relay) {
@@ -346,6 +348,7 @@ impl Application {
                     clock_for_relay.clone(),
                     shutdown.clone(),
                     store.clone(),
+                    Some(metrics.clone()),
                 ))
             }
             (Some(_), _) => {

@@ -32,6 +32,7 @@ pub fn spawn_forwarder(
     clock: SharedClock,
     shutdown: CancellationToken,
     store: Arc<dyn Store>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("sekali-forward".into())
@@ -44,6 +45,7 @@ pub fn spawn_forwarder(
                 clock,
                 shutdown,
                 store,
+                metrics,
             ))
         })
         .expect("spawning the forwarding thread")
@@ -56,6 +58,7 @@ pub async fn run_forwarder(
     clock: SharedClock,
     shutdown: CancellationToken,
     store: Arc<dyn Store>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 ) {
     let mut rng = config
         .seed
@@ -115,6 +118,9 @@ pub async fn run_forwarder(
                 outcome: outcome_of(&config, &mut rng, row.attempts, Some(attempt), now),
             })
             .collect();
+        if let Some(metrics) = &metrics {
+            metrics.relay_results("forward", &results);
+        }
         // Recorded while the next batch is claimed and sent (the two share the writer's
         // commits); at most one batch's results in flight, so they are recorded in order.
         if let Some(previous) = recording.take() {

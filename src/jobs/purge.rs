@@ -20,6 +20,7 @@ pub async fn run_purge_job(
     interval: Duration,
     batch: usize,
     shutdown: CancellationToken,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
 ) {
     loop {
         tokio::select! {
@@ -49,6 +50,7 @@ pub async fn run_purge_job(
                 _ = tokio::time::sleep(asked.elapsed()) => {}
             }
         }
+        metrics.purge(total.events as u64, total.idempotency_keys as u64);
         tracing::info!(
             events = total.events,
             idempotency_keys = total.idempotency_keys,

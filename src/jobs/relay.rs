@@ -78,6 +78,8 @@ pub struct Queue {
     store: Arc<dyn Store>,
     /// How it writes, for the relay's start line.
     writes: &'static str,
+    /// Where its attempts are counted (`serve`'s `/metrics`); `None` for `sekali relay`.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Queue {
@@ -87,6 +89,15 @@ impl Queue {
         Queue {
             store,
             writes: "through the server's writer",
+            metrics: None,
+        }
+    }
+
+    /// Counts the relay's attempts in `metrics`.
+    pub fn with_metrics(self, metrics: Arc<crate::metrics::Metrics>) -> Queue {
+        Queue {
+            metrics: Some(metrics),
+            ..self
         }
     }
 
@@ -95,6 +106,7 @@ impl Queue {
         Queue {
             store,
             writes: "on its own connection",
+            metrics: None,
         }
     }
 
@@ -384,6 +396,9 @@ pub async fn run_relay(
                 outcome: outcome_of(&config, &mut rng, email.attempts, attempt, now),
             })
             .collect();
+        if let Some(metrics) = &queue.metrics {
+            metrics.relay_results(transport.label(), &results);
+        }
         // At most one batch's results in flight: they are recorded in order.
         if let Some(previous) = recording.take() {
             let _ = previous.await;

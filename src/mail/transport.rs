@@ -210,6 +210,15 @@ impl Transport {
         })
     }
 
+    /// The transport as the metrics' `transport` label: `file`, `smtp` or `http`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Transport::File { .. } => "file",
+            Transport::Smtp { .. } => "smtp",
+            Transport::Http { .. } => "http",
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Transport::File {

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use tokio::sync::oneshot;
 
 use super::model::{Claimed, IdempotentOutcome, WriterStats};
@@ -10,9 +11,9 @@ use super::{CommitFaults, Outcome, StoreError, WriteError};
 /// Where a unit of work's answer goes.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
 
-/// What an engine's writer has done since it started: for `/healthz`, and for tests that must
-/// know that deliveries shared a transaction. One per store, whatever its engine.
-#[derive(Debug, Default)]
+/// What an engine's writer has done since it started: for `/healthz`, `/metrics`, and for tests
+/// that must know that deliveries shared a transaction. One per store, whatever its engine.
+#[derive(Debug)]
 pub struct WriterCounters {
     pub(crate) transactions: AtomicU64,
     pub(crate) deliveries: AtomicU64,
@@ -25,11 +26,57 @@ pub struct WriterCounters {
     /// Not a count: the commits the tests told this writer to fail (see [`CommitFaults`]),
     /// beside the counters because every commit path reads both.
     pub(crate) commit_faults: CommitFaults,
+    /// How long each COMMIT took (the wait for the disk, or for the server's WAL flush).
+    pub(crate) commit_seconds: Histogram,
+    /// Units of work (deliveries, claims, results, API requests) each committed transaction held.
+    pub(crate) batch_units: Histogram,
+}
+
+impl Default for WriterCounters {
+    fn default() -> Self {
+        WriterCounters {
+            transactions: AtomicU64::default(),
+            deliveries: AtomicU64::default(),
+            outbox_claims: AtomicU64::default(),
+            outbox_claimed_rows: AtomicU64::default(),
+            outbox_result_batches: AtomicU64::default(),
+            outbox_results: AtomicU64::default(),
+            reopens: AtomicU64::default(),
+            connections_opened: AtomicU64::default(),
+            commit_faults: CommitFaults::default(),
+            // 0.1 ms to about 3 s.
+            commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
+            // 1 to 4096.
+            batch_units: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
+        }
+    }
+}
+
+/// The writer's histograms, shared with whoever reports them (`/metrics`): a clone reads the
+/// same buckets.
+#[derive(Debug, Clone)]
+pub struct WriterHistograms {
+    pub commit_seconds: Histogram,
+    pub batch_units: Histogram,
 }
 
 impl WriterCounters {
     pub(crate) fn add(counter: &AtomicU64, n: usize) {
         counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// A transaction of `units` units committed, its COMMIT taking `took`.
+    pub(crate) fn committed(&self, units: usize, took: std::time::Duration) {
+        Self::add(&self.transactions, 1);
+        self.commit_seconds.observe(took.as_secs_f64());
+        self.batch_units.observe(units as f64);
+    }
+
+    pub(crate) fn histograms(&self) -> WriterHistograms {
+        WriterHistograms {
+            commit_seconds: self.commit_seconds.clone(),
+            batch_units: self.batch_units.clone(),
+        }
     }
 
     pub(crate) fn read(&self) -> WriterStats {

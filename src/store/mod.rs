@@ -18,7 +18,7 @@
 
 pub mod changes;
 pub mod copy;
-pub(crate) mod counters;
+pub mod counters;
 mod location;
 pub mod model;
 pub(crate) mod payments;
@@ -328,6 +328,9 @@ pub trait Store: Send + Sync {
     /// What the store has done since it started (for `/healthz`, and tests that must know that
     /// deliveries shared a transaction).
     fn stats(&self) -> StoreStats;
+
+    /// The writer's commit latency and batch sizes, shared (for `/metrics`).
+    fn writer_histograms(&self) -> counters::WriterHistograms;
 
     /// Finishes everything already queued, then stops. Blocking.
     fn shutdown(&self);

@@ -60,6 +60,11 @@ async fn every_series_is_there_from_startup_at_zero_in_the_prometheus_text_forma
         r#"sekali_outbox_dead{outbox="forward"}"#,
         r#"sekali_outbox_oldest_due_age_seconds{outbox="email"}"#,
         "sekali_writer_deliveries_total",
+        r#"sekali_relay_attempts_total{transport="forward",result="dead"}"#,
+        r#"sekali_relay_attempts_total{transport="smtp",result="unavailable"}"#,
+        "sekali_purge_runs_total",
+        r#"sekali_purge_deleted_rows_total{table="processed_events"}"#,
+        "sekali_writer_commit_duration_seconds_count",
     ] {
         assert_eq!(value(&text, series), Some(0.0), "{series} at 0 in:\n{text}");
     }
@@ -171,4 +176,40 @@ async fn deliveries_refusals_and_order_requests_are_counted_as_answered_and_no_i
         assert!(!text.contains(id), "{id} appears in:\n{text}");
     }
     app.stop().await;
+}
+
+/// The alert rules in docs/prometheus-alerts.yml are valid, and fire (and stay quiet) on the
+/// series their test file gives them: `promtool` from Prometheus's Debian package. Without it
+/// the test says so and passes, unless SEKALI_REQUIRE_PROMTOOL=1 (as .ci/test sets).
+#[test]
+fn the_documented_alert_rules_pass_promtool_check_and_their_unit_tests() {
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let run = |args: &[&str]| {
+        std::process::Command::new("promtool")
+            .args(args)
+            .current_dir(&docs)
+            .output()
+    };
+    match run(&["--version"]) {
+        Ok(_) => {}
+        Err(e) if std::env::var_os("SEKALI_REQUIRE_PROMTOOL").is_none() => {
+            println!(
+                "skipped: promtool not found ({e}); apt-get install prometheus, or run .ci/test"
+            );
+            return;
+        }
+        Err(e) => panic!("SEKALI_REQUIRE_PROMTOOL is set but promtool cannot run: {e}"),
+    }
+    for args in [
+        &["check", "rules", "prometheus-alerts.yml"][..],
+        &["test", "rules", "prometheus-alerts.test.yml"][..],
+    ] {
+        let output = run(args).unwrap();
+        assert!(
+            output.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }

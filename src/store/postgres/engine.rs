@@ -196,6 +196,10 @@ impl Store for PgStore {
         }
     }
 
+    fn writer_histograms(&self) -> crate::store::counters::WriterHistograms {
+        self.writer.histograms()
+    }
+
     fn shutdown(&self) {
         self.writer.shutdown();
     }

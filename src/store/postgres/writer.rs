@@ -129,6 +129,10 @@ impl Writer {
         self.counters.read()
     }
 
+    pub fn histograms(&self) -> crate::store::counters::WriterHistograms {
+        self.counters.histograms()
+    }
+
     async fn submit<T>(&self, work: impl FnOnce(Reply<T>) -> Work) -> Result<T, WriteError> {
         let (reply, answer) = oneshot::channel();
         let job = Job::Work(Box::new((work(reply), Span::current())));
@@ -437,6 +441,7 @@ fn run_batch(
         done.into_iter().for_each(|d| d.fail(unavailable));
         return false;
     }
+    let commit_started = std::time::Instant::now();
     if let Err(e) = tx.commit() {
         let e = StoreError::from(e);
         // The outcome of a COMMIT whose answer was lost is unknown: 503, and the provider's
@@ -445,7 +450,7 @@ fn run_batch(
         done.into_iter().for_each(|d| d.fail(unavailable));
         return e.is_connection_lost();
     }
-    WriterCounters::add(&counters.transactions, 1);
+    counters.committed(done.len(), commit_started.elapsed());
     done.iter().for_each(|d| d.count(counters));
     done.into_iter().for_each(Done::answer);
     false

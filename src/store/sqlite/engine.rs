@@ -139,6 +139,10 @@ impl Store for SqliteStore {
         }
     }
 
+    fn writer_histograms(&self) -> crate::store::counters::WriterHistograms {
+        self.writer.histograms()
+    }
+
     fn shutdown(&self) {
         self.writer.shutdown();
     }

@@ -204,6 +204,10 @@ impl Writer {
         self.counters.read()
     }
 
+    pub fn histograms(&self) -> crate::store::counters::WriterHistograms {
+        self.counters.histograms()
+    }
+
     /// Claims `event` and applies its effects; resolves after the COMMIT that contains it.
     pub async fn record(
         &self,
@@ -771,11 +775,13 @@ fn commit_and_answer(conn: &Connection, done: Vec<Done>, counters: &WriterCounte
         done.into_iter().for_each(|d| d.fail(transaction_lost));
         return false;
     }
+    let commit_started = std::time::Instant::now();
     let committed = if fault_injected("writer::commit_io_error") {
         Err(injected_io_error())
     } else {
         conn.execute_batch("COMMIT")
     };
+    let commit_took = commit_started.elapsed();
     if let Err(e) = committed {
         let e = StoreError::from(e);
         let broken = e.is_connection_lost();
@@ -786,7 +792,7 @@ fn commit_and_answer(conn: &Connection, done: Vec<Done>, counters: &WriterCounte
         done.into_iter().for_each(|d| d.fail(transaction_lost));
         return broken;
     }
-    WriterCounters::add(&counters.transactions, 1);
+    counters.committed(done.len(), commit_took);
     done.iter().for_each(|d| d.count(counters));
     if fault_injected("writer::after_commit") {
         // Committed, but the answers are lost, as when the process dies right after COMMIT:
