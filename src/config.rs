@@ -131,6 +131,8 @@ pub struct Settings {
         crate::jobs::relay::RelayConfig,
         crate::mail::transport::MailConfig,
     )>,
+    /// Where `/metrics` is served instead of `listen` (`None`: on `listen`).
+    pub metrics_listen: Option<String>,
     /// Forwarding of order changes to the shop's endpoint (`None`: off).
     pub forward: Option<crate::forward::ForwardConfig>,
     /// Whether this instance sends forwarded changes (off with `--no-relay`: the changes are
@@ -167,6 +169,7 @@ impl Settings {
             relay: None,
             forward: None,
             forward_sends: true,
+            metrics_listen: None,
             handle_signals: true,
         }
     }

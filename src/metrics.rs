@@ -17,7 +17,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -231,8 +231,15 @@ fn latency_histogram() -> Histogram {
 
 impl Metrics {
     /// Every series of every metric, for `providers`, at 0; the store's own read at each scrape.
-    pub fn new(providers: &[String], store: Arc<dyn Store>) -> Metrics {
+    pub fn new(providers: &crate::providers::Providers, store: Arc<dyn Store>) -> Metrics {
         let mut registry = Registry::with_prefix("sekali");
+        for provider in providers.iter() {
+            provider.register_metrics(&mut registry);
+        }
+        let providers: Vec<String> = providers
+            .iter()
+            .map(|p| p.name().as_str().to_owned())
+            .collect();
         let deliveries = Family::<ProviderOutcome, Counter>::default();
         registry.register(
             "deliveries",
@@ -327,7 +334,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(WriterCollector { store }));
 
-        for provider in providers {
+        for provider in &providers {
             let outcomes = Outcome::STORED
                 .iter()
                 .map(|o| o.as_str())
@@ -532,6 +539,14 @@ impl Collector for WriterCollector {
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
         }
+        let queued = ConstGauge::new(writer.queued as i64);
+        let metric = encoder.encode_descriptor(
+            "writer_queue_depth",
+            "Units of work (deliveries, outbox claims and results, API requests, purge batches) waiting for the writer now; deliveries get 503 once --queue-capacity wait",
+            None,
+            queued.metric_type(),
+        )?;
+        queued.encode(metric)?;
         Ok(())
     }
 }

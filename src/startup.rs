@@ -214,6 +214,8 @@ pub struct Application {
     refusals_log: actix_web::rt::task::JoinHandle<()>,
     relay: Option<std::thread::JoinHandle<()>>,
     forwarder: Option<std::thread::JoinHandle<()>>,
+    /// The server of `--metrics-listen`, stopped with the main one.
+    metrics_server: Option<ServerHandle>,
 }
 
 impl Application {
@@ -269,13 +271,10 @@ impl Application {
         let clock_for_relay = clock.clone();
         let refused = std::sync::Arc::new(routes::Refused::new(&settings.providers));
         let metrics = std::sync::Arc::new(crate::metrics::Metrics::new(
-            &settings
-                .providers
-                .iter()
-                .map(|p| p.name().as_str().to_owned())
-                .collect::<Vec<_>>(),
+            &settings.providers,
             store.clone(),
         ));
+        let clock_for_metrics = clock.clone();
         let state = web::Data::new(AppState {
             providers: settings.providers.clone(),
             api_tokens: settings.api_tokens.clone(),
@@ -287,6 +286,7 @@ impl Application {
             in_flight: Default::default(),
             refused: refused.clone(),
             metrics: metrics.clone(),
+            serves_metrics: settings.metrics_listen.is_none(),
         });
         let workers = match settings.workers {
             0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
@@ -317,6 +317,43 @@ impl Application {
         if settings.handle_signals {
             actix_web::rt::spawn(stop_on_signals(server.handle()));
         }
+        // `/metrics` on an address of its own: one worker, the same state, nothing else served.
+        let metrics_server = match &settings.metrics_listen {
+            Some(address) => {
+                let metrics_state = web::Data::new(AppState {
+                    providers: settings.providers.clone(),
+                    api_tokens: Vec::new(),
+                    max_body_bytes: settings.max_body_bytes,
+                    body_timeout: settings.body_timeout,
+                    clock: clock_for_metrics,
+                    store: store.clone(),
+                    idempotency_retention_secs: 0,
+                    in_flight: Default::default(),
+                    refused: refused.clone(),
+                    metrics: metrics.clone(),
+                    serves_metrics: true,
+                });
+                let bound = HttpServer::new(move || {
+                    App::new()
+                        .app_data(metrics_state.clone())
+                        .configure(routes::metrics::configure_alone)
+                })
+                .workers(1)
+                .disable_signals()
+                .bind(address.as_str())
+                .map_err(|source| StartupError::Bind {
+                    address: address.clone(),
+                    source,
+                })?;
+                let addresses = bound.addrs();
+                let running = bound.run();
+                let handle = running.handle();
+                actix_web::rt::spawn(running);
+                tracing::info!(address = ?addresses, "GET /metrics served on its own address, not on --listen's");
+                Some(handle)
+            }
+            None => None,
+        };
 
         let shutdown = CancellationToken::new();
         let refusals_log =
@@ -393,6 +430,7 @@ impl Application {
             refusals_log,
             relay,
             forwarder,
+            metrics_server,
         })
     }
 
@@ -416,6 +454,9 @@ impl Application {
     /// purge job stops, and the writer commits what is queued and exits.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
+        if let Some(metrics_server) = self.metrics_server {
+            metrics_server.stop(true).await;
+        }
         self.shutdown.cancel();
         let _ = self.refusals_log.await;
         let _ = self.purge_job.await;

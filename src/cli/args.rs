@@ -276,6 +276,10 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SEKALI_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
+    /// Serve `GET /metrics` on this address instead of --listen's (an address Prometheus
+    /// reaches and the internet does not); --listen then answers /metrics with 404.
+    #[arg(long, env = "SEKALI_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// The database: a SQLite file (created if missing), or a PostgreSQL URL
     /// (postgres://user@host/db; several hosts with target_session_attrs=read-write follow a
     /// failover; the password from the URL or PGPASSWORD).

@@ -122,6 +122,7 @@ pub(super) fn serve(args: ServeArgs) -> CommandResult {
     settings.workers = args.workers;
     settings.idempotency_retention = args.idempotency_retention;
     settings.forward = crate::forward::ForwardConfig::from_env()?;
+    settings.metrics_listen = args.metrics_listen;
     settings.forward_sends = !args.no_relay;
     if !args.no_relay {
         settings.relay = Some(

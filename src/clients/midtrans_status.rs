@@ -25,6 +25,57 @@ pub struct StatusApi {
     pub base_url: String,
     pub server_key: SecretString,
     pub timeout: Duration,
+    /// Its calls, counted for `/metrics`.
+    pub metrics: StatusApiMetrics,
+}
+
+/// The status API's calls by result (`answered`, `failed`: a 5xx, `unreachable`) and their
+/// latency, shared by every clone of a [`StatusApi`].
+#[derive(Debug, Clone)]
+pub struct StatusApiMetrics {
+    calls: prometheus_client::metrics::family::Family<
+        Vec<(&'static str, &'static str)>,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    latency: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Default for StatusApiMetrics {
+    fn default() -> Self {
+        let calls = prometheus_client::metrics::family::Family::default();
+        for result in ["answered", "failed", "unreachable"] {
+            let _ = calls.get_or_create(&vec![("result", result)]);
+        }
+        StatusApiMetrics {
+            calls,
+            // 10 ms to about 10 s (the call's timeout is 4 s).
+            latency: prometheus_client::metrics::histogram::Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.01, 2.0, 11),
+            ),
+        }
+    }
+}
+
+impl StatusApiMetrics {
+    fn count(&self, result: &'static str, took: Duration) {
+        self.calls.get_or_create(&vec![("result", result)]).inc();
+        self.latency.observe(took.as_secs_f64());
+    }
+
+    /// Adds the calls' metrics to `registry`.
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "midtrans_status_api_requests",
+            "Calls to Midtrans's status API confirming notifications, by result (failed: a 5xx; unreachable: no answer)",
+            self.calls.clone(),
+        );
+        registry.register_with_unit(
+            "midtrans_status_api_duration",
+            "How long each call to Midtrans's status API took",
+            prometheus_client::registry::Unit::Seconds,
+            self.latency.clone(),
+        );
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +103,18 @@ impl StatusApi {
     /// the body (`"status_code": "404"`) and not always in the HTTP status; a server error or no
     /// answer at all is [`StatusApiError`].
     pub async fn fetch(&self, id: &str) -> Result<Vec<u8>, StatusApiError> {
+        let started = std::time::Instant::now();
+        let answer = self.ask(id).await;
+        let result = match &answer {
+            Ok(_) => "answered",
+            Err(StatusApiError::Failed { .. }) => "failed",
+            Err(StatusApiError::Unreachable { .. }) => "unreachable",
+        };
+        self.metrics.count(result, started.elapsed());
+        answer
+    }
+
+    async fn ask(&self, id: &str) -> Result<Vec<u8>, StatusApiError> {
         // Everything but RFC 3986's unreserved characters is encoded, so the id is one path
         // segment whatever it holds (`#`, `/`, `?`), and a plain id is sent as it is.
         const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC

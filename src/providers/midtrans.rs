@@ -141,6 +141,7 @@ fn configure(settings: &ProviderSettings<'_>) -> Result<Option<Arc<dyn Provider>
                 base_url,
                 server_key: server_key.clone(),
                 timeout: midtrans_status::TIMEOUT,
+                metrics: Default::default(),
             })
         }
         "off" => None,
@@ -226,6 +227,12 @@ impl Provider for Midtrans {
 
     fn retention(&self) -> Duration {
         self.retention
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        if let Some(api) = &self.status_api {
+            api.metrics.register(registry);
+        }
     }
 
     fn redelivery_window(&self) -> Duration {

@@ -130,6 +130,9 @@ pub trait Provider: Send + Sync {
         Vec::new()
     }
 
+    /// Adds the metrics of what it calls itself (Midtrans's status API) to `/metrics`.
+    fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
+
     /// What `sekali replay` tells its user after a delivery was answered 503 "not confirmed"
     /// ([`RejectionKind::NotConfirmed`]): why a test server says so, and what to do about it.
     /// `None` for a provider that never confirms a delivery with its own API.

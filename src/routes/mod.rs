@@ -6,7 +6,7 @@ pub mod api;
 mod changes;
 mod error;
 mod health;
-mod metrics;
+pub mod metrics;
 mod orders;
 pub mod problem;
 mod webhooks;
@@ -41,6 +41,8 @@ pub struct AppState {
     pub refused: std::sync::Arc<Refused>,
     /// What `GET /metrics` reports.
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Whether this server answers `/metrics` (false on `--listen` with `--metrics-listen`).
+    pub serves_metrics: bool,
 }
 
 /// Deliveries answered 503 because the write queue was full, per provider, since the last

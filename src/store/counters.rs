@@ -23,6 +23,8 @@ pub struct WriterCounters {
     pub(crate) outbox_results: AtomicU64,
     pub(crate) reopens: AtomicU64,
     pub(crate) connections_opened: AtomicU64,
+    /// Not a count: the units of work queued for the writer and not yet taken (a gauge).
+    pub(crate) queued: std::sync::atomic::AtomicI64,
     /// Not a count: the commits the tests told this writer to fail (see [`CommitFaults`]),
     /// beside the counters because every commit path reads both.
     pub(crate) commit_faults: CommitFaults,
@@ -43,6 +45,7 @@ impl Default for WriterCounters {
             outbox_results: AtomicU64::default(),
             reopens: AtomicU64::default(),
             connections_opened: AtomicU64::default(),
+            queued: std::sync::atomic::AtomicI64::default(),
             commit_faults: CommitFaults::default(),
             // 0.1 ms to about 3 s.
             commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
@@ -72,6 +75,11 @@ impl WriterCounters {
         self.batch_units.observe(units as f64);
     }
 
+    /// `n` units queued for the writer (negative: taken).
+    pub(crate) fn queue(&self, n: i64) {
+        self.queued.fetch_add(n, Ordering::Relaxed);
+    }
+
     pub(crate) fn histograms(&self) -> WriterHistograms {
         WriterHistograms {
             commit_seconds: self.commit_seconds.clone(),
@@ -89,6 +97,7 @@ impl WriterCounters {
             outbox_result_batches: get(&self.outbox_result_batches),
             outbox_results: get(&self.outbox_results),
             reopens: get(&self.reopens),
+            queued: self.queued.load(Ordering::Relaxed).max(0) as u64,
             connections_opened: get(&self.connections_opened),
         }
     }

@@ -639,6 +639,8 @@ pub struct WriterStats {
     /// Write connections the store opened: one at start, and one per reopen. Its relay and its
     /// purge write through the writer's, so `serve` opens no other.
     pub connections_opened: u64,
+    /// Units of work queued for the writer now, not yet taken.
+    pub queued: u64,
 }
 
 /// What a [`Store`](super::Store) has done since it started, as `/healthz` reports it.

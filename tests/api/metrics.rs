@@ -65,6 +65,7 @@ async fn every_series_is_there_from_startup_at_zero_in_the_prometheus_text_forma
         "sekali_purge_runs_total",
         r#"sekali_purge_deleted_rows_total{table="processed_events"}"#,
         "sekali_writer_commit_duration_seconds_count",
+        "sekali_writer_queue_depth",
     ] {
         assert_eq!(value(&text, series), Some(0.0), "{series} at 0 in:\n{text}");
     }
@@ -212,4 +213,42 @@ fn the_documented_alert_rules_pass_promtool_check_and_their_unit_tests() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+}
+
+/// `--metrics-listen`: `/metrics` on an address of its own, and no longer on `--listen`'s.
+#[test]
+fn metrics_listen_moves_metrics_off_the_public_port() {
+    let metrics_port = free_port();
+    let server = ServeProcess::start_with(
+        PROVIDER_ENV,
+        "info",
+        &["--metrics-listen", &format!("127.0.0.1:{metrics_port}")],
+    );
+    let agent = ureq::AgentBuilder::new()
+        .timeout(std::time::Duration::from_secs(10))
+        .build();
+    let on_public = agent
+        .get(&format!("http://127.0.0.1:{}/metrics", server.port))
+        .call();
+    assert!(
+        matches!(on_public, Err(ureq::Error::Status(404, _))),
+        "the public port no longer serves /metrics: {on_public:?}"
+    );
+    let text = agent
+        .get(&format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .call()
+        .expect("the metrics port answers")
+        .into_string()
+        .unwrap();
+    assert!(text.contains("sekali_build_info"), "{text}");
+    // And nothing else there: the webhooks stay on the public port.
+    let webhook_on_metrics_port = agent
+        .post(&format!("http://127.0.0.1:{metrics_port}/webhooks/stripe"))
+        .send_string("{}");
+    assert!(
+        matches!(webhook_on_metrics_port, Err(ureq::Error::Status(404, _))),
+        "{webhook_on_metrics_port:?}"
+    );
+    let (status, logs) = server.stop();
+    assert!(status.success(), "{logs}");
 }

@@ -315,6 +315,7 @@ fn checking(base_url: &str, timeout: Duration) -> impl FnOnce(&mut Settings) {
                     base_url,
                     server_key: SecretString::from(MIDTRANS_KEY),
                     timeout,
+                    metrics: Default::default(),
                 }),
             )),
         ])
@@ -565,6 +566,29 @@ async fn an_unreachable_status_api_is_answered_503_and_midtrans_retry_is_applied
     assert_eq!(app.order_status("ORDER-2001").as_deref(), Some("paid"));
     assert_eq!(app.row_counts(), (1, 1, 1));
     assert_eq!(midtrans.asked_about("ORDER-2001"), 1);
+    // /metrics counts both calls by what came of them, and the refusal as not confirmed.
+    let metrics = String::from_utf8(
+        app.client
+            .get(format!("{}/metrics", app.address))
+            .send()
+            .await
+            .unwrap()
+            .body()
+            .await
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap();
+    for line in [
+        r#"sekali_midtrans_status_api_requests_total{result="unreachable"} 1"#,
+        r#"sekali_midtrans_status_api_requests_total{result="answered"} 1"#,
+        r#"sekali_midtrans_status_api_requests_total{result="failed"} 0"#,
+        r#"sekali_midtrans_status_api_duration_seconds_count 2"#,
+        r#"sekali_refusals_total{provider="midtrans",reason="not_confirmed"} 1"#,
+        r#"sekali_deliveries_total{provider="midtrans",outcome="processed"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
 }
 
 #[actix_web::test]

@@ -140,6 +140,7 @@ impl Writer {
             TrySendError::Full(_) => WriteError::QueueFull,
             TrySendError::Disconnected(_) => WriteError::WriterGone,
         })?;
+        self.counters.queue(1);
         answer.await.unwrap_or(Err(WriteError::WriterGone))
     }
 
@@ -189,6 +190,7 @@ impl Writer {
                 TrySendError::Full(_) => WriteError::QueueFull,
                 TrySendError::Disconnected(_) => WriteError::WriterGone,
             })?;
+        self.counters.queue(1);
         answer.await.unwrap_or(Err(WriteError::WriterGone))
     }
 
@@ -197,7 +199,9 @@ impl Writer {
         let threads = std::mem::take(&mut *self.threads.lock().expect("writer threads lock"));
         // One stop for each writer: a writer takes one and ends.
         for _ in &threads {
-            let _ = self.queue.send(Job::Shutdown);
+            if self.queue.send(Job::Shutdown).is_ok() {
+                self.counters.queue(1);
+            }
         }
         for thread in threads {
             let _ = thread.join();
@@ -269,6 +273,7 @@ fn run(
             let Ok(first) = jobs.recv() else { break };
             let mut next = Some(first);
             while let Some(job) = next.take() {
+                counters.queue(-1);
                 match job {
                     Job::Work(work) => batch.push(*work),
                     Job::PurgeBatch { limit, reply } => purges.push((limit, reply)),

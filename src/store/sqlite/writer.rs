@@ -281,6 +281,7 @@ impl Writer {
         loop {
             match self.queue.try_send(job) {
                 Ok(()) => {
+                    self.counters.queue(1);
                     fail::fail_point!("writer::queued");
                     return Ok(());
                 }
@@ -305,6 +306,7 @@ impl Writer {
             TrySendError::Full(_) => WriteError::QueueFull,
             TrySendError::Disconnected(_) => WriteError::WriterGone,
         })?;
+        self.counters.queue(1);
         // Tests (`failpoints`): a callback here counts the jobs handed to the writer, so a test
         // knows when all of its deliveries wait in the queue (see `writer::before_batch`).
         fail::fail_point!("writer::queued");
@@ -314,7 +316,9 @@ impl Writer {
     /// Lets the writer finish everything already queued, then stops it and waits. Blocking.
     pub fn shutdown(&self) {
         // `send` (not try_send): wait for room so the request cannot be lost on a full queue.
-        let _ = self.queue.send(Job::Shutdown);
+        if self.queue.send(Job::Shutdown).is_ok() {
+            self.counters.queue(1);
+        }
         if let Some(thread) = self.thread.lock().expect("writer thread lock").take() {
             let _ = thread.join();
         }
@@ -365,7 +369,10 @@ fn run(
             ),
         };
         match received {
-            Ok(job) => batch.push(job),
+            Ok(job) => {
+                counters.queue(-1);
+                batch.push(job)
+            }
             Err(RecvTimeoutError::Timeout) => {} // time to look at the waiting claims again
             Err(RecvTimeoutError::Disconnected) => break, // every handle dropped
         }
@@ -376,7 +383,10 @@ fn run(
         // Take what is already queued, without waiting for more.
         while batch.len() < batch_max {
             match jobs.try_recv() {
-                Ok(job) => batch.push(job),
+                Ok(job) => {
+                    counters.queue(-1);
+                    batch.push(job)
+                }
                 Err(_) => break,
             }
         }
