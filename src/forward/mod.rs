@@ -220,12 +220,7 @@ impl Forwarder {
             .insert_header(("user-agent", concat!("sekali/", env!("CARGO_PKG_VERSION"))))
             .send_body(message.body.clone())
             .await
-            .map_err(|e| match e {
-                awc::error::SendRequestError::Connect(e) => {
-                    SendError::Unavailable(format!("connecting to the shop's endpoint: {e}"))
-                }
-                e => SendError::transient(format!("forwarding request failed: {e}")),
-            })?;
+            .map_err(|e| SendError::of_request(e, "the shop's endpoint"))?;
         if response.status().is_success() {
             return Ok(());
         }

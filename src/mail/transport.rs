@@ -49,6 +49,18 @@ impl SendError {
             retry_after: None,
         }
     }
+
+    /// An HTTP request to `service` that got no answer: a connection never made is the
+    /// service's unavailability (no try of the row); a failure after it (a timeout waiting for
+    /// the answer: the request may have arrived) is a try that may heal.
+    pub fn of_request(error: awc::error::SendRequestError, service: &str) -> Self {
+        match error {
+            awc::error::SendRequestError::Connect(e) => {
+                SendError::Unavailable(format!("connecting to {service}: {e}"))
+            }
+            e => SendError::transient(format!("the request to {service} failed: {e}")),
+        }
+    }
 }
 
 /// Where emails go, from configuration.
@@ -511,12 +523,7 @@ async fn send_http(
         .insert_header(("Idempotency-Key", email.idempotency_key.as_str()))
         .send_json(&body)
         .await
-        .map_err(|e| match e {
-            awc::error::SendRequestError::Connect(e) => {
-                SendError::Unavailable(format!("connecting to the email API: {e}"))
-            }
-            e => SendError::transient(format!("email API request failed: {e}")),
-        })?;
+        .map_err(|e| SendError::of_request(e, "the email API"))?;
     if response.status().is_success() {
         return Ok(());
     }
