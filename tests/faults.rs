@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use fail::FailScenario;
 use futures_util::future::join_all;
 use helpers::*;
+use sekali::store::WriterStats;
 
 /// (processed_events, orders, email_outbox, order_transitions)
 fn all_rows(app: &TestApp) -> (i64, i64, i64, i64) {
@@ -199,10 +200,22 @@ async fn in_one_batch<T>(
             );
             actix_web::rt::time::sleep(Duration::from_millis(2)).await;
         }
+        // Everything but the queue, which the jobs just filled.
+        let held = app.store.stats().writer;
         assert_eq!(
-            app.store.stats().writer,
+            WriterStats {
+                queued: before.queued,
+                ..held
+            },
             before,
             "the writer committed nothing while it was held"
+        );
+        // The writer holds the first job it took; the others wait in its queue.
+        assert!(
+            held.queued + 1 >= before.queued + jobs,
+            "the queue's depth counts the jobs waiting for the writer: {} before, {} held, {jobs} jobs",
+            before.queued,
+            held.queued
         );
         fail::remove("writer::before_batch");
     };
