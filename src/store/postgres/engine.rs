@@ -80,6 +80,14 @@ impl PgStore {
         &self,
         query: impl FnOnce(&mut Db<'_, '_>) -> Result<T, StoreError> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
+        self.on_pooled(move |client| in_transaction(client, query))
+    }
+
+    /// Runs `work` on a pooled connection, off the async executor.
+    fn on_pooled<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Client) -> Result<T, StoreError> + Send + 'static,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
         let pool = self.reads.clone();
         Box::pin(async move {
             actix_web::rt::task::spawn_blocking(move || {
@@ -88,7 +96,7 @@ impl PgStore {
                     .as_ref()
                     .expect("the pool lives until dropped")
                     .get()?;
-                in_transaction(&mut client, query)
+                work(&mut client)
             })
             .await
             .map_err(|e| StoreError::Blocking(e.to_string()))?
@@ -162,20 +170,10 @@ impl Store for PgStore {
         after: Option<ChangeCursor>,
         limit: u32,
     ) -> BoxFuture<'_, Result<Vec<Change>, StoreError>> {
-        let pool = self.reads.clone();
-        Box::pin(async move {
-            actix_web::rt::task::spawn_blocking(move || {
-                let mut client = pool
-                    .0
-                    .as_ref()
-                    .expect("the pool lives until dropped")
-                    .get()?;
-                // Committed first, so that the page's snapshot sees the places it gave.
-                in_transaction(&mut client, orders::publish_changes)?;
-                in_transaction(&mut client, |db| orders::changes(db, after, limit))
-            })
-            .await
-            .map_err(|e| StoreError::Blocking(e.to_string()))?
+        self.on_pooled(move |client| {
+            // Committed first, so that the page's snapshot sees the places it gave.
+            in_transaction(client, orders::publish_changes)?;
+            in_transaction(client, |db| orders::changes(db, after, limit))
         })
     }
 
