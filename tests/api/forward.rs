@@ -1319,3 +1319,70 @@ fn two_instances_on_one_postgresql_database_send_each_change_once_in_order_per_o
     assert!(twice.is_empty(), "sent again after it was taken: {twice:?}");
     drop((a, b));
 }
+
+/// An order id from a webhook is whatever a stranger put in the payment's metadata: HTML, a
+/// control character, a bidi override. Through the real server it reaches the change feed as
+/// JSON (the same text back, no raw control byte, served as `application/json`), and the
+/// operator's `forward list` and `forward show` print it escaped: nothing in it can recolour a
+/// terminal or turn the rest of a line around.
+#[test]
+fn a_hostile_order_id_stays_inert_in_the_feed_and_in_the_forwarding_listings() {
+    let db = Database::fresh(tempfile::tempdir().unwrap().keep().join("hostile.db"));
+    // Forwarding on, to a port nothing listens on: the change stays pending, listed.
+    let server = serve_forwarding(
+        &db,
+        &format!("http://127.0.0.1:{}/hooks", helpers::free_port()),
+        &new_secret(),
+    );
+    let hostile_json = r#"ord_<script>alert(1)</script>\u202egnp.exe\u0007\u001b[31m"#;
+    let hostile: String = serde_json::from_str(&format!("\"{hostile_json}\"")).unwrap();
+    let body = String::from_utf8(helpers::fixture("stripe/payment_intent.succeeded.json"))
+        .unwrap()
+        .replace("\"ord_1001\"", &format!("\"{hostile_json}\""))
+        .replace("\"evt_", "\"evt_hostile_");
+    assert_eq!(
+        helpers::deliver_stripe(&agent(), server.port, body.as_bytes()),
+        (200, "processed".to_owned())
+    );
+
+    let response = agent()
+        .get(&format!("http://127.0.0.1:{}/changes", server.port))
+        .set("Authorization", &format!("Bearer {TOKEN}"))
+        .call()
+        .unwrap();
+    assert!(
+        response.content_type().starts_with("application/json"),
+        "{}",
+        response.content_type()
+    );
+    let raw = response.into_string().unwrap();
+    assert!(
+        !raw.contains('\u{7}') && !raw.contains('\u{1b}'),
+        "no raw control byte in the feed: {raw:?}"
+    );
+    let page: Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(
+        page["changes"][0]["order_id"],
+        Value::String(hostile.clone())
+    );
+
+    let db_arg = db.arg();
+    let listed = stdout(&sekali(&["forward", "list", "--db", &db_arg]));
+    let row = forward_list(&db, &[]);
+    assert_eq!(row.len(), 1, "{listed}");
+    assert_eq!(row[0]["order_id"], Value::String(hostile.clone()));
+    let id = row[0]["id"].as_i64().unwrap().to_string();
+    let shown = stdout(&sekali(&["forward", "show", &id, "--db", &db_arg]));
+    for printed in [&listed, &shown] {
+        for raw_char in ['\u{7}', '\u{1b}', '\u{202e}'] {
+            assert!(
+                !printed.contains(raw_char),
+                "{raw_char:?} printed raw: {printed:?}"
+            );
+        }
+        assert!(printed.contains("gnp.exe"), "{printed}");
+    }
+    assert!(listed.contains(r"\u{202e}"), "{listed}");
+    let (status, logs) = server.stop();
+    assert!(status.success(), "{logs}");
+}
