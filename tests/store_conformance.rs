@@ -189,6 +189,9 @@ macro_rules! conformance_suite {
                 a_missing_order_or_outbox_row_reads_as_none,
                 events_are_listed_newest_first_by_provider_up_to_the_limit,
                 events_are_filtered_by_outcome_order_and_time_together,
+                events_are_filtered_by_type_and_end_time_and_paged_by_arrival,
+                events_are_counted_by_provider_and_outcome_since_a_time,
+                an_email_skipped_by_an_operator_is_never_claimed_unless_a_relay_holds_it,
                 an_event_claimed_again_after_its_retention_is_listed_as_the_newest,
                 the_outbox_is_listed_newest_first_by_status,
                 the_outbox_is_filtered_by_status_order_and_time_together,
@@ -2279,6 +2282,174 @@ mod suite {
             }),
             ["evt_4"]
         );
+    }
+
+    /// The console's event list: by type, received before a time, and a page after another,
+    /// each alone and with the other filters; a page's `before` is the last row's place, so the
+    /// pages together are the whole listing, each row once.
+    pub async fn events_are_filtered_by_type_and_end_time_and_paged_by_arrival(t: Ctx) {
+        let at = |secs| T0 + secs;
+        t.record(paid("evt_1", "ord_1")).await; // T0
+        t.advance(10);
+        t.record(ev("evt_2").kind("customer.created").order("ord_2"))
+            .await; // T0 + 10
+        t.advance(10);
+        t.record(paid("evt_3", "ord_3")).await; // T0 + 20
+        t.advance(10);
+        t.record(paid("evt_4", "ord_4").provider("midtrans")).await; // T0 + 30
+        let list = |adjust: &dyn Fn(&mut EventQuery)| -> Vec<(String, i64)> {
+            let mut query = EventQuery::newest(10);
+            adjust(&mut query);
+            t.ops
+                .events(&query)
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.event_id, e.seq))
+                .collect()
+        };
+        let ids = |adjust: &dyn Fn(&mut EventQuery)| -> Vec<String> {
+            list(adjust).into_iter().map(|(id, _)| id).collect()
+        };
+        assert_eq!(
+            ids(&|q| q.event_type = Some("customer.created".into())),
+            ["evt_2"]
+        );
+        let paid_type = t.ops.events(&EventQuery::newest(10)).unwrap()[3]
+            .event_type
+            .clone();
+        assert_eq!(
+            ids(&|q| q.event_type = Some(paid_type.clone())),
+            ["evt_4", "evt_3", "evt_1"]
+        );
+        let prefix: String = paid_type.chars().take(3).collect();
+        assert!(
+            ids(&|q| q.event_type = Some(prefix.clone())).is_empty(),
+            "the type matches whole"
+        );
+        assert_eq!(ids(&|q| q.until_unix = Some(at(20))), ["evt_2", "evt_1"]);
+        assert!(ids(&|q| q.until_unix = Some(at(0))).is_empty());
+        assert_eq!(
+            ids(&|q| {
+                q.since_unix = Some(at(10));
+                q.until_unix = Some(at(30));
+            }),
+            ["evt_3", "evt_2"]
+        );
+        let mut pages = Vec::new();
+        let mut before = None;
+        loop {
+            let page = list(&|q| {
+                q.limit = 3;
+                q.before_seq = before;
+            });
+            if page.is_empty() {
+                break;
+            }
+            before = page.last().map(|(_, seq)| *seq);
+            pages.push(page.into_iter().map(|(id, _)| id).collect::<Vec<_>>());
+        }
+        assert_eq!(pages, [vec!["evt_4", "evt_3", "evt_2"], vec!["evt_1"]]);
+        assert_eq!(
+            ids(&|q| {
+                q.provider = Some("stripe".into());
+                q.before_seq = before;
+            }),
+            Vec::<String>::new()
+        );
+    }
+
+    /// The console's overview: the events received since a time, by provider and outcome.
+    pub async fn events_are_counted_by_provider_and_outcome_since_a_time(t: Ctx) {
+        assert!(t.ops.event_counts(T0 - 3600).unwrap().is_empty());
+        t.record(paid("evt_1", "ord_1")).await; // T0
+        t.advance(10);
+        t.record(paid("evt_2", "ord_2")).await; // T0 + 10
+        t.record(ev("evt_3").kind("customer.created").order("ord_2"))
+            .await;
+        t.record(paid("evt_4", "ord_4").provider("midtrans")).await;
+        let counts = |since| -> Vec<(String, String, i64)> {
+            t.ops
+                .event_counts(since)
+                .unwrap()
+                .into_iter()
+                .map(|c| (c.provider, c.outcome, c.count))
+                .collect()
+        };
+        let row = |p: &str, o: &str, n| (p.to_owned(), o.to_owned(), n);
+        assert_eq!(
+            counts(T0),
+            [
+                row("midtrans", "processed", 1),
+                row("stripe", "ignored", 1),
+                row("stripe", "processed", 2),
+            ]
+        );
+        assert_eq!(
+            counts(T0 + 1),
+            [
+                row("midtrans", "processed", 1),
+                row("stripe", "ignored", 1),
+                row("stripe", "processed", 1),
+            ]
+        );
+        assert!(counts(T0 + 11).is_empty());
+    }
+
+    /// An operator's skip of a pending or dead email: never claimed again, its error saying who
+    /// skipped it; one being sent under a live lease, and one sent already, left alone.
+    pub async fn an_email_skipped_by_an_operator_is_never_claimed_unless_a_relay_holds_it(t: Ctx) {
+        let ids = receipts(&t, 4).await;
+        assert_eq!(t.claim("relay-a", 2).await.len(), 2); // ids[0], ids[1] leased
+        t.advance(1);
+        assert_eq!(
+            t.results(
+                "relay-a",
+                &[(ids[0], SendOutcome::Sent), (ids[1], failed(None))]
+            )
+            .await,
+            [true, true]
+        ); // ids[0] sent, ids[1] dead
+        assert_eq!(t.claim("relay-b", 1).await.len(), 1); // ids[2] leased
+        let now = t.now_ms();
+        assert_eq!(
+            t.ops.skip_email(ids[1], now).unwrap(),
+            Skipped::Skipped { was: "dead".into() }
+        );
+        assert_eq!(
+            t.ops.skip_email(ids[3], now).unwrap(),
+            Skipped::Skipped {
+                was: "pending".into()
+            }
+        );
+        assert!(matches!(
+            t.ops.skip_email(ids[2], now).unwrap(),
+            Skipped::Leased { owner, .. } if owner == "relay-b"
+        ));
+        assert_eq!(
+            t.ops.skip_email(ids[0], now).unwrap(),
+            Skipped::Finished {
+                status: "sent".into()
+            }
+        );
+        assert_eq!(t.ops.skip_email(999_999, now).unwrap(), Skipped::Missing);
+        for id in [ids[1], ids[3]] {
+            let row = t.row(id);
+            assert_eq!(row.status, "skipped");
+            assert!(
+                row.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("skipped by an operator")),
+                "{row:?}"
+            );
+        }
+        t.advance(7 * 24 * 3600);
+        let claimed: Vec<i64> = t
+            .claim("relay-c", 10)
+            .await
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(claimed, [ids[2]], "only the leased row, its lease run out");
     }
 
     /// A delivery claimed again once its retention ran out is the newest arrival, and is

@@ -610,7 +610,7 @@ pub(super) fn events(command: EventsCommand) -> CommandResult {
                 outcome,
                 order_id,
                 since_unix: since.map(|s| s.unix(SystemClock.now_unix())),
-                limit,
+                ..EventQuery::newest(limit)
             })?;
             if json {
                 rows.iter().for_each(print_json_line);

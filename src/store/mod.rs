@@ -32,12 +32,12 @@ use crate::domain::{NormalizedEvent, OrderStatus};
 pub use changes::{Change, ChangeCursor, ChangeRow, MAX_CHANGES_PAGE};
 pub use location::{maintenance, open, Location, Options};
 pub use model::{
-    BackupReport, ClaimRequest, Claimed, ClaimedEmail, ClaimedForward, DeletedRun, EventDetail,
-    EventQuery, EventSummary, ForwardRow, IdempotentOutcome, NewOrder, NextTry, OperatorChange,
-    OrderView, OrdersOutsideRuns, OutboxBacklog, OutboxKind, OutboxQuery, OutboxRow, PaymentView,
-    Purged, Retried, RunCounts, RunDeletion, RunEmail, RunMarker, SendOutcome, SendResult,
-    SetStatusError, Skipped, StoreStats, StoredResponse, Transition, WriterStats,
-    DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
+    BackupReport, ClaimRequest, Claimed, ClaimedEmail, ClaimedForward, DeletedRun, EventCount,
+    EventDetail, EventQuery, EventSummary, ForwardRow, IdempotentOutcome, NewOrder, NextTry,
+    OperatorChange, OrderView, OrdersOutsideRuns, OutboxBacklog, OutboxKind, OutboxQuery,
+    OutboxRow, PaymentView, Purged, Retried, RunCounts, RunDeletion, RunEmail, RunMarker,
+    SendOutcome, SendResult, SetStatusError, Skipped, StoreStats, StoredResponse, Transition,
+    WriterStats, DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
 };
 
 /// A store failure, in engine-neutral kinds. What the database itself reported is kept as the
@@ -367,6 +367,15 @@ pub trait Maintenance {
     /// what it did, or why it did nothing (see [`Retried`]). One transaction: no relay's claim
     /// or result falls between the look and the change.
     fn retry(&self, id: i64, now_ms: i64) -> Result<Retried, StoreError>;
+
+    /// `sekali outbox skip`: a pending or dead email is never sent (status `skipped`, its
+    /// `last_error` saying an operator did it); unless a relay is sending it right now. One
+    /// transaction.
+    fn skip_email(&self, id: i64, now_ms: i64) -> Result<Skipped, StoreError>;
+
+    /// The events received since `since_unix`, counted by provider and outcome (the console's
+    /// overview).
+    fn event_counts(&self, since_unix: i64) -> Result<Vec<EventCount>, StoreError>;
 
     /// The forwarding rows that match `query`, newest first (`sekali forward list`).
     fn forwards(&self, query: &OutboxQuery) -> Result<Vec<ForwardRow>, StoreError>;

@@ -136,6 +136,14 @@ pub enum OutboxKind {
 }
 
 impl OutboxKind {
+    /// Its name in metrics, the console and logs: `email`, `forward`.
+    pub fn label(self) -> &'static str {
+        match self {
+            OutboxKind::Email => "email",
+            OutboxKind::Forward => "forward",
+        }
+    }
+
     /// Its table.
     pub fn table(self) -> &'static str {
         match self {
@@ -504,6 +512,13 @@ pub struct EventQuery {
     pub order_id: Option<String>,
     /// Events received at or after this time, in Unix seconds.
     pub since_unix: Option<i64>,
+    /// Events received before this time, in Unix seconds.
+    pub until_unix: Option<i64>,
+    /// Events of this type (`payment_intent.succeeded`, `settlement`, `invoice.paid`).
+    pub event_type: Option<String>,
+    /// Events that arrived before the one with this [`EventSummary::seq`]: the next page of a
+    /// listing whose last row had it.
+    pub before_seq: Option<i64>,
     pub limit: u32,
 }
 
@@ -515,9 +530,20 @@ impl EventQuery {
             outcome: None,
             order_id: None,
             since_unix: None,
+            until_unix: None,
+            event_type: None,
+            before_seq: None,
             limit,
         }
     }
+}
+
+/// How many events one provider's deliveries stored with one outcome (the console's overview).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EventCount {
+    pub provider: String,
+    pub outcome: String,
+    pub count: i64,
 }
 
 /// Which outbox rows [`Maintenance::outbox`](super::Maintenance::outbox) lists: those that
@@ -554,6 +580,9 @@ pub struct EventSummary {
     pub outcome: String,
     pub received_at: String,
     pub expires_at: String,
+    /// Its place in arrival order (`rowid`), for paging: not shown.
+    #[serde(skip)]
+    pub seq: i64,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -15,9 +15,10 @@ use super::{
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
-    BackupReport, ClaimRequest, Claimed, EventDetail, EventQuery, EventSummary, IdempotentOutcome,
-    OperatorChange, OrderView, OrdersOutsideRuns, OutboxQuery, OutboxRow, Purged, Retried,
-    RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats, Transition,
+    BackupReport, ClaimRequest, Claimed, EventCount, EventDetail, EventQuery, EventSummary,
+    IdempotentOutcome, OperatorChange, OrderView, OrdersOutsideRuns, OutboxQuery, OutboxRow,
+    Purged, Retried, RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats,
+    Transition,
 };
 use crate::store::{
     Change, ChangeCursor, CreateOrder, ForwardRow, Maintenance, OrderQuery, OutboxBacklog,
@@ -291,6 +292,14 @@ impl Maintenance for PgMaintenance {
         self.run(|db| outbox::retry(db, OutboxKind::Email, id, now_ms))
     }
 
+    fn skip_email(&self, id: i64, now_ms: i64) -> Result<Skipped, StoreError> {
+        self.run(|db| outbox::skip(db, OutboxKind::Email, id, now_ms))
+    }
+
+    fn event_counts(&self, since_unix: i64) -> Result<Vec<EventCount>, StoreError> {
+        self.run(|db| reads::event_counts(db, since_unix))
+    }
+
     fn forwards(&self, query: &OutboxQuery) -> Result<Vec<ForwardRow>, StoreError> {
         self.run(|db| forward::list(db, query))
     }
@@ -304,7 +313,7 @@ impl Maintenance for PgMaintenance {
     }
 
     fn skip_forward(&self, id: i64, now_ms: i64) -> Result<Skipped, StoreError> {
-        self.run(|db| forward::skip(db, id, now_ms))
+        self.run(|db| outbox::skip(db, OutboxKind::Forward, id, now_ms))
     }
 
     fn set_forwarding(&self, on: bool, now_unix: i64) -> Result<bool, StoreError> {

@@ -8,7 +8,7 @@ use super::orders::change_by_id;
 use super::reads::{params, Filters};
 use super::{get, Db, StoreError};
 use crate::clock::{iso_millis, iso_seconds};
-use crate::store::model::{ClaimRequest, ClaimedForward, ForwardRow, OutboxQuery, Skipped};
+use crate::store::model::{ClaimRequest, ClaimedForward, ForwardRow, OutboxQuery};
 
 /// Claims due rows inside the caller's transaction: among pending rows whose time has come and
 /// whose lease (if any) ran out, only those with no earlier pending or dead row of their order.
@@ -134,37 +134,4 @@ pub fn get_row(db: &mut Db<'_, '_>, id: i64) -> Result<Option<(ForwardRow, Strin
         forward_row(&row)?,
         serde_json::to_string_pretty(&change).expect("a change serialises"),
     )))
-}
-
-/// `sekali forward skip`, in the caller's transaction: a pending or dead row is skipped (never
-/// sent), which lets its order's later changes go; unless a relay holds it right now. Locked
-/// first, so a claim on another instance in between is waited for and then seen.
-pub fn skip(db: &mut Db<'_, '_>, id: i64, now_ms: i64) -> Result<Skipped, StoreError> {
-    let now = iso_millis(now_ms);
-    let Some(row) = db.query_opt(
-        "SELECT status, lease_owner, lease_until FROM forward_outbox WHERE id = $1 FOR UPDATE",
-        &[&id],
-    )?
-    else {
-        return Ok(Skipped::Missing);
-    };
-    let status: String = get(&row, 0)?;
-    let owner: Option<String> = get(&row, 1)?;
-    let until: Option<String> = get(&row, 2)?;
-    match (status.as_str(), owner, until) {
-        ("pending", Some(owner), Some(until)) if until > now => {
-            Ok(Skipped::Leased { owner, until })
-        }
-        ("pending" | "dead", _, _) => {
-            db.execute(
-                "UPDATE forward_outbox SET status = 'skipped', next_attempt_at = NULL,
-                        lease_owner = NULL, lease_until = NULL,
-                        last_error = coalesce(last_error || '; ', '') || 'skipped by an operator at ' || $2::text
-                 WHERE id = $1",
-                &[&id, &now],
-            )?;
-            Ok(Skipped::Skipped { was: status })
-        }
-        _ => Ok(Skipped::Finished { status }),
-    }
 }

@@ -15,7 +15,7 @@ use super::{Db, StoreError};
 use crate::clock::{iso_millis, iso_seconds};
 use crate::store::model::{
     ClaimRequest, Claimed, ClaimedEmail, OutboxKind, OutboxQuery, OutboxRow, Retried, SendOutcome,
-    SendResult,
+    SendResult, Skipped,
 };
 
 /// Claims due rows of the outbox `request` names inside the caller's transaction (the writer's
@@ -326,4 +326,54 @@ pub fn get(db: &mut Db<'_, '_>, id: i64) -> Result<Option<OutboxRow>, StoreError
     )?
     .map(|row| outbox_row(&row))
     .transpose()
+}
+
+/// [`skip`]'s statements for one outbox table: the look (locked), and the skip.
+macro_rules! skip_statements {
+    ($table:literal) => {
+        [
+            concat!("SELECT status, lease_owner, lease_until FROM ", $table, " WHERE id = $1 FOR UPDATE"),
+            concat!(
+                "UPDATE ", $table, " SET status = 'skipped', next_attempt_at = NULL,
+                        lease_owner = NULL, lease_until = NULL,
+                        last_error = coalesce(last_error || '; ', '') || 'skipped by an operator at ' || $2::text
+                 WHERE id = $1"
+            ),
+        ]
+    };
+}
+
+const EMAIL_SKIP: [&str; 2] = skip_statements!("email_outbox");
+const FORWARD_SKIP: [&str; 2] = skip_statements!("forward_outbox");
+
+/// `sekali outbox skip` and `sekali forward skip`, in the caller's transaction: a pending or dead row is skipped (never
+/// sent), which lets its order's later changes go; unless a relay holds it right now. Locked
+/// first, so a claim on another instance in between is waited for and then seen.
+pub fn skip(
+    db: &mut Db<'_, '_>,
+    outbox: OutboxKind,
+    id: i64,
+    now_ms: i64,
+) -> Result<Skipped, StoreError> {
+    let now = iso_millis(now_ms);
+    let [look, skip] = match outbox {
+        OutboxKind::Email => &EMAIL_SKIP,
+        OutboxKind::Forward => &FORWARD_SKIP,
+    };
+    let Some(row) = db.query_opt(look, &[&id])? else {
+        return Ok(Skipped::Missing);
+    };
+    let status: String = super::get(&row, 0)?;
+    let owner: Option<String> = super::get(&row, 1)?;
+    let until: Option<String> = super::get(&row, 2)?;
+    match (status.as_str(), owner, until) {
+        ("pending", Some(owner), Some(until)) if until > now => {
+            Ok(Skipped::Leased { owner, until })
+        }
+        ("pending" | "dead", _, _) => {
+            db.execute(skip, &[&id, &now])?;
+            Ok(Skipped::Skipped { was: status })
+        }
+        _ => Ok(Skipped::Finished { status }),
+    }
 }

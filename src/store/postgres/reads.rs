@@ -6,7 +6,7 @@ use postgres::Row;
 use super::{get, Db, StoreError};
 use crate::clock::iso_seconds;
 use crate::store::model::{
-    EventDetail, EventQuery, EventSummary, OutboxBacklog, OutboxKind, RunCounts,
+    EventCount, EventDetail, EventQuery, EventSummary, OutboxBacklog, OutboxKind, RunCounts,
 };
 use crate::store::ErrorKind;
 
@@ -84,7 +84,7 @@ pub fn check_health(db: &mut Db<'_, '_>) -> Result<(), StoreError> {
 /// The columns [`summary`] reads. A macro, so that statements stay `&'static str` literals.
 macro_rules! summary_columns {
     () => {
-        "provider, event_id, event_type, order_id, outcome, received_at, expires_at"
+        "provider, event_id, event_type, order_id, outcome, received_at, expires_at, rowid"
     };
 }
 
@@ -97,6 +97,7 @@ fn summary(row: &Row) -> Result<EventSummary, StoreError> {
         outcome: get(row, 4)?,
         received_at: get(row, 5)?,
         expires_at: get(row, 6)?,
+        seq: get(row, 7)?,
     })
 }
 
@@ -112,6 +113,9 @@ pub fn list_events(
     filters.add("outcome = ?", query.outcome.map(|o| o.as_str().to_owned()));
     filters.add("order_id = ?", query.order_id.clone());
     filters.add("received_at >= ?", query.since_unix.map(iso_seconds));
+    filters.add("received_at < ?", query.until_unix.map(iso_seconds));
+    filters.add("event_type = ?", query.event_type.clone());
+    filters.add("rowid < ?", query.before_seq);
     // rowid: PostgreSQL's explicit column for SQLite's implicit one (arrival order).
     let sql = format!(
         concat!(
@@ -127,6 +131,29 @@ pub fn list_events(
         .iter()
         .map(summary)
         .collect()
+}
+
+/// The events received since `since_unix`, counted by provider and outcome. It reads back from
+/// the newest row while rows are that recent (arrival order, `rowid`), not the whole table.
+pub fn event_counts(db: &mut Db<'_, '_>, since_unix: i64) -> Result<Vec<EventCount>, StoreError> {
+    let since = iso_seconds(since_unix);
+    db.query(
+        "SELECT provider, outcome, count(*) FROM processed_events
+         WHERE rowid > coalesce((SELECT rowid FROM processed_events WHERE received_at < $1
+                                 ORDER BY rowid DESC LIMIT 1), 0)
+           AND received_at >= $1
+         GROUP BY provider, outcome ORDER BY provider, outcome",
+        &[&since],
+    )?
+    .iter()
+    .map(|row| {
+        Ok(EventCount {
+            provider: get(row, 0)?,
+            outcome: get(row, 1)?,
+            count: get(row, 2)?,
+        })
+    })
+    .collect()
 }
 
 /// Every stored event with this id (one per provider at most).
@@ -148,8 +175,8 @@ pub fn find_events(
     .map(|row| {
         Ok(EventDetail {
             summary: summary(row)?,
-            payment_intent_id: get(row, 7)?,
-            payload: get(row, 8)?,
+            payment_intent_id: get(row, 8)?,
+            payload: get(row, 9)?,
         })
     })
     .collect()

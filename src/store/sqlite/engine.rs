@@ -12,9 +12,10 @@ use super::{backup, forward, orders, outbox, purge, reads, runs, ReadPool, Store
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
-    BackupReport, ClaimRequest, Claimed, EventDetail, EventQuery, EventSummary, IdempotentOutcome,
-    OperatorChange, OrderView, OrdersOutsideRuns, OutboxQuery, OutboxRow, Purged, Retried,
-    RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats, Transition,
+    BackupReport, ClaimRequest, Claimed, EventCount, EventDetail, EventQuery, EventSummary,
+    IdempotentOutcome, OperatorChange, OrderView, OrdersOutsideRuns, OutboxQuery, OutboxRow,
+    Purged, Retried, RunCounts, RunDeletion, RunMarker, SendResult, SetStatusError, StoreStats,
+    Transition,
 };
 use crate::store::{
     Change, ChangeCursor, CreateOrder, ForwardRow, Maintenance, OrderQuery, OutboxBacklog,
@@ -200,6 +201,14 @@ impl Maintenance for SqliteMaintenance {
         outbox::retry(&self.conn, OutboxKind::Email, id, now_ms)
     }
 
+    fn skip_email(&self, id: i64, now_ms: i64) -> Result<Skipped, StoreError> {
+        outbox::skip(&self.conn, OutboxKind::Email, id, now_ms)
+    }
+
+    fn event_counts(&self, since_unix: i64) -> Result<Vec<EventCount>, StoreError> {
+        Ok(reads::event_counts(&self.conn, since_unix)?)
+    }
+
     fn forwards(&self, query: &OutboxQuery) -> Result<Vec<ForwardRow>, StoreError> {
         Ok(forward::list(&self.conn, query)?)
     }
@@ -213,7 +222,7 @@ impl Maintenance for SqliteMaintenance {
     }
 
     fn skip_forward(&self, id: i64, now_ms: i64) -> Result<Skipped, StoreError> {
-        forward::skip(&self.conn, id, now_ms)
+        outbox::skip(&self.conn, OutboxKind::Forward, id, now_ms)
     }
 
     fn set_forwarding(&self, on: bool, now_unix: i64) -> Result<bool, StoreError> {

@@ -8,7 +8,7 @@ use super::orders::change_by_id;
 use super::reads::Filters;
 use super::StoreError;
 use crate::clock::{iso_millis, iso_seconds};
-use crate::store::model::{ClaimRequest, ClaimedForward, ForwardRow, OutboxQuery, Skipped};
+use crate::store::model::{ClaimRequest, ClaimedForward, ForwardRow, OutboxQuery};
 
 /// Claims due rows inside the caller's transaction: among pending rows whose time has come and
 /// whose lease (if any) ran out, only those with no earlier pending or dead row of their order.
@@ -135,43 +135,4 @@ pub fn get(conn: &Connection, id: i64) -> rusqlite::Result<Option<(ForwardRow, S
         row,
         serde_json::to_string_pretty(&change).expect("a change serialises"),
     )))
-}
-
-/// `sekali forward skip`: a pending or dead row is skipped (never sent), which lets its order's
-/// later changes go; unless a relay holds it right now. One write transaction.
-pub fn skip(conn: &Connection, id: i64, now_ms: i64) -> Result<Skipped, StoreError> {
-    let now = iso_millis(now_ms);
-    super::outbox::in_write_transaction(conn, || {
-        let row = conn
-            .prepare_cached(
-                "SELECT status, lease_owner, lease_until FROM forward_outbox WHERE id = ?1",
-            )?
-            .query_row([id], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, Option<String>>(1)?,
-                    row.get::<_, Option<String>>(2)?,
-                ))
-            })
-            .optional()?;
-        let Some((status, owner, until)) = row else {
-            return Ok(Skipped::Missing);
-        };
-        match (status.as_str(), owner, until) {
-            ("pending", Some(owner), Some(until)) if until > now => {
-                Ok(Skipped::Leased { owner, until })
-            }
-            ("pending" | "dead", _, _) => {
-                conn.prepare_cached(
-                    "UPDATE forward_outbox SET status = 'skipped', next_attempt_at = NULL,
-                            lease_owner = NULL, lease_until = NULL,
-                            last_error = coalesce(last_error || '; ', '') || 'skipped by an operator at ' || ?2
-                     WHERE id = ?1",
-                )?
-                .execute(params![id, now])?;
-                Ok(Skipped::Skipped { was: status })
-            }
-            _ => Ok(Skipped::Finished { status }),
-        }
-    })
 }

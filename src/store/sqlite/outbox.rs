@@ -7,7 +7,7 @@
 
 use crate::store::model::{
     ClaimRequest, Claimed, ClaimedEmail, OutboxKind, OutboxQuery, OutboxRow, Retried, SendOutcome,
-    SendResult,
+    SendResult, Skipped,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -277,4 +277,49 @@ pub fn get(conn: &Connection, id: i64) -> rusqlite::Result<Option<OutboxRow>> {
     ))?
     .query_row([id], outbox_row)
     .optional()
+}
+
+/// `sekali outbox skip` and `sekali forward skip`: a pending or dead row is skipped (never sent), which lets its order's
+/// later changes go; unless a relay holds it right now. One write transaction.
+pub fn skip(
+    conn: &Connection,
+    outbox: OutboxKind,
+    id: i64,
+    now_ms: i64,
+) -> Result<Skipped, StoreError> {
+    let table = outbox.table();
+    let now = iso_millis(now_ms);
+    in_write_transaction(conn, || {
+        let row = conn
+            .prepare_cached(&format!(
+                "SELECT status, lease_owner, lease_until FROM {table} WHERE id = ?1"
+            ))?
+            .query_row([id], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, Option<String>>(1)?,
+                    row.get::<_, Option<String>>(2)?,
+                ))
+            })
+            .optional()?;
+        let Some((status, owner, until)) = row else {
+            return Ok(Skipped::Missing);
+        };
+        match (status.as_str(), owner, until) {
+            ("pending", Some(owner), Some(until)) if until > now => {
+                Ok(Skipped::Leased { owner, until })
+            }
+            ("pending" | "dead", _, _) => {
+                conn.prepare_cached(
+                    &format!("UPDATE {table} SET status = 'skipped', next_attempt_at = NULL,
+                            lease_owner = NULL, lease_until = NULL,
+                            last_error = coalesce(last_error || '; ', '') || 'skipped by an operator at ' || ?2
+                     WHERE id = ?1"),
+                )?
+                .execute(params![id, now])?;
+                Ok(Skipped::Skipped { was: status })
+            }
+            _ => Ok(Skipped::Finished { status }),
+        }
+    })
 }

@@ -5,7 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::clock::iso_seconds;
 use crate::store::model::{
-    EventDetail, EventQuery, EventSummary, OutboxBacklog, OutboxKind, RunCounts,
+    EventCount, EventDetail, EventQuery, EventSummary, OutboxBacklog, OutboxKind, RunCounts,
 };
 
 /// The WHERE clause of a listing's filters and their values, in order. Only the filters given
@@ -56,7 +56,7 @@ pub fn check_health(conn: &Connection) -> rusqlite::Result<()> {
 }
 
 const SUMMARY_COLUMNS: &str =
-    "provider, event_id, event_type, order_id, outcome, received_at, expires_at";
+    "provider, event_id, event_type, order_id, outcome, received_at, expires_at, rowid";
 
 fn summary(row: &rusqlite::Row<'_>) -> rusqlite::Result<EventSummary> {
     Ok(EventSummary {
@@ -67,6 +67,7 @@ fn summary(row: &rusqlite::Row<'_>) -> rusqlite::Result<EventSummary> {
         outcome: row.get(4)?,
         received_at: row.get(5)?,
         expires_at: row.get(6)?,
+        seq: row.get(7)?,
     })
 }
 
@@ -79,6 +80,9 @@ pub fn list_events(conn: &Connection, query: &EventQuery) -> rusqlite::Result<Ve
     filters.add("outcome = ?", query.outcome.map(|o| o.as_str().to_owned()));
     filters.add("order_id = ?", query.order_id.clone());
     filters.add("received_at >= ?", query.since_unix.map(iso_seconds));
+    filters.add("received_at < ?", query.until_unix.map(iso_seconds));
+    filters.add("event_type = ?", query.event_type.clone());
+    filters.add("rowid < ?", query.before_seq);
     let sql = format!(
         "SELECT {SUMMARY_COLUMNS} FROM processed_events {} ORDER BY rowid DESC LIMIT ?",
         filters.sql()
@@ -89,6 +93,26 @@ pub fn list_events(conn: &Connection, query: &EventQuery) -> rusqlite::Result<Ve
             summary,
         )?
         .collect()
+}
+
+/// The events received since `since_unix`, counted by provider and outcome. It reads back from
+/// the newest row while rows are that recent (arrival order, `rowid`), not the whole table.
+pub fn event_counts(conn: &Connection, since_unix: i64) -> rusqlite::Result<Vec<EventCount>> {
+    conn.prepare(
+        "SELECT provider, outcome, count(*) FROM processed_events
+         WHERE rowid > coalesce((SELECT rowid FROM processed_events WHERE received_at < ?1
+                                 ORDER BY rowid DESC LIMIT 1), 0)
+           AND received_at >= ?1
+         GROUP BY provider, outcome ORDER BY provider, outcome",
+    )?
+    .query_map([iso_seconds(since_unix)], |row| {
+        Ok(EventCount {
+            provider: row.get(0)?,
+            outcome: row.get(1)?,
+            count: row.get(2)?,
+        })
+    })?
+    .collect()
 }
 
 /// Every stored event with this id (one per provider at most).
@@ -105,8 +129,8 @@ pub fn find_events(
         .query_map(params![event_id, provider], |row| {
             Ok(EventDetail {
                 summary: summary(row)?,
-                payment_intent_id: row.get(7)?,
-                payload: row.get(8)?,
+                payment_intent_id: row.get(8)?,
+                payload: row.get(9)?,
             })
         })?
         .collect()
