@@ -11,6 +11,9 @@ use crate::providers::{Providers, REGISTRY};
 pub use crate::store::sqlite::DEFAULT_BUSY_TIMEOUT;
 
 pub const ENV_API_TOKENS: &str = "SEKALI_API_TOKENS";
+/// The operator console's login tokens (`name:token`, the name recorded as the operator's);
+/// unset means the console takes the orders API's tokens, and with neither it is off.
+pub const ENV_CONSOLE_TOKENS: &str = "SEKALI_CONSOLE_TOKENS";
 
 /// Idempotency keys of sekali's own API are kept a day, as Stripe keeps them.
 pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -34,10 +37,17 @@ pub struct ApiToken {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{ENV_API_TOKENS} must be comma-separated name:token pairs with non-empty names and tokens; entry {0} is not")]
-    BadApiToken(usize),
-    #[error("{ENV_API_TOKENS}: entries {first} and {second} have the same token, so a caller could not be told apart (its Idempotency-Keys are scoped to its name); give each service its own")]
-    SharedApiToken { first: usize, second: usize },
+    #[error("{variable} must be comma-separated name:token pairs with non-empty names and tokens; entry {entry} is not")]
+    BadToken {
+        variable: &'static str,
+        entry: usize,
+    },
+    #[error("{variable}: entries {first} and {second} have the same token, so a caller could not be told apart (the API scopes Idempotency-Keys to its name, the console records it as the operator); give each their own")]
+    SharedToken {
+        variable: &'static str,
+        first: usize,
+        second: usize,
+    },
     #[error(
         "refusing to start: no provider is configured. Set {}",
         secret_variables()
@@ -62,12 +72,56 @@ fn secret_variables() -> String {
 
 /// Reads `SEKALI_API_TOKENS` (comma-separated `name:token`); unset means the orders API is off.
 pub fn api_tokens_from_env() -> Result<Vec<ApiToken>, ConfigError> {
-    parse_api_tokens(std::env::var(ENV_API_TOKENS).ok().as_deref().unwrap_or(""))
+    parse_tokens(
+        ENV_API_TOKENS,
+        std::env::var(ENV_API_TOKENS).ok().as_deref().unwrap_or(""),
+    )
 }
 
-/// Parses `name:token,name:token`; blank input means no tokens (the orders API is off). One
-/// name may have several tokens (rotation); one token may not serve two names.
+/// Reads `SEKALI_CONSOLE_TOKENS`; unset or blank means the console logs in with `api_tokens`.
+pub fn console_tokens_from_env(api_tokens: &[ApiToken]) -> Result<Vec<ApiToken>, ConfigError> {
+    let tokens = parse_tokens(
+        ENV_CONSOLE_TOKENS,
+        std::env::var(ENV_CONSOLE_TOKENS)
+            .ok()
+            .as_deref()
+            .unwrap_or(""),
+    )?;
+    Ok(if tokens.is_empty() {
+        api_tokens.to_vec()
+    } else {
+        tokens
+    })
+}
+
+/// The token of `tokens` that `presented` is, compared in constant time with every one of them
+/// whatever matches first.
+pub fn matching_token<'a>(tokens: &'a [ApiToken], presented: &str) -> Option<&'a ApiToken> {
+    use subtle::ConstantTimeEq;
+    let mut matched = None;
+    for token in tokens {
+        if bool::from(
+            token
+                .token
+                .expose_secret()
+                .as_bytes()
+                .ct_eq(presented.as_bytes()),
+        ) {
+            matched = Some(token);
+        }
+    }
+    matched
+}
+
+/// Parses the orders API's `name:token,name:token` (see [`parse_tokens`]).
 pub fn parse_api_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
+    parse_tokens(ENV_API_TOKENS, text)
+}
+
+/// Parses `name:token,name:token` from `variable`; blank input means no tokens (the orders API
+/// or the console is off). One name may have several tokens (rotation); one token may not serve
+/// two names.
+pub fn parse_tokens(variable: &'static str, text: &str) -> Result<Vec<ApiToken>, ConfigError> {
     let tokens: Vec<ApiToken> = text
         .split(',')
         .map(str::trim)
@@ -80,7 +134,10 @@ pub fn parse_api_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
                     token: SecretString::from(token.trim().to_owned()),
                 })
             }
-            _ => Err(ConfigError::BadApiToken(i + 1)),
+            _ => Err(ConfigError::BadToken {
+                variable,
+                entry: i + 1,
+            }),
         })
         .collect::<Result<_, _>>()?;
     for (second, later) in tokens.iter().enumerate() {
@@ -88,7 +145,8 @@ pub fn parse_api_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
             .iter()
             .position(|t| t.token.expose_secret() == later.token.expose_secret())
         {
-            return Err(ConfigError::SharedApiToken {
+            return Err(ConfigError::SharedToken {
+                variable,
                 first: first + 1,
                 second: second + 1,
             });
@@ -107,6 +165,8 @@ pub struct Settings {
     /// Bearer tokens for the orders API, each with the name of the calling service; empty means
     /// the orders API is off (404).
     pub api_tokens: Vec<ApiToken>,
+    /// Login tokens of the operator console at `/console`; empty means it is off (404).
+    pub console_tokens: Vec<ApiToken>,
     pub max_body_bytes: usize,
     pub purge_interval: Duration,
     pub purge_batch: usize,
@@ -154,6 +214,7 @@ impl Settings {
             db: db.into(),
             providers,
             api_tokens: Vec::new(),
+            console_tokens: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             purge_interval: DEFAULT_PURGE_INTERVAL,
             purge_batch: crate::store::DEFAULT_PURGE_BATCH,
@@ -192,14 +253,18 @@ mod tests {
         assert_eq!(rotating.len(), 2);
         assert!(matches!(
             parse_api_tokens("shop:tok,billing:other,audit:tok"),
-            Err(ConfigError::SharedApiToken {
+            Err(ConfigError::SharedToken {
+                variable: ENV_API_TOKENS,
                 first: 1,
                 second: 3
             })
         ));
         assert!(matches!(
             parse_api_tokens("shop:"),
-            Err(ConfigError::BadApiToken(1))
+            Err(ConfigError::BadToken {
+                variable: ENV_API_TOKENS,
+                entry: 1
+            })
         ));
     }
 }

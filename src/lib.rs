@@ -41,6 +41,7 @@ pub mod clients;
 pub mod clock;
 pub mod config;
 pub mod connections;
+pub mod console;
 pub mod domain;
 pub mod durable;
 pub mod forward;

@@ -187,6 +187,29 @@ pub struct Metrics {
     relay_attempts: Family<TransportResult, Counter>,
     purge_runs: Counter,
     purge_deleted: Family<TableLabel, Counter>,
+    /// The configured providers' names, in the registry's order.
+    providers: Vec<String>,
+    /// When this process's counters started.
+    started: std::time::SystemTime,
+}
+
+/// One counter of [`SinceStart`]: a provider's deliveries with one outcome or refusal reason.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Tally {
+    pub provider: String,
+    /// The outcome (`processed`, `duplicate`, ...) or the refusal's reason kind.
+    pub what: &'static str,
+    pub count: u64,
+}
+
+/// What this process answered since it started (the operator console's overview).
+#[derive(Debug, Clone)]
+pub struct SinceStart {
+    pub started: std::time::SystemTime,
+    /// Outcomes with at least one delivery.
+    pub answered: Vec<Tally>,
+    /// Every refusal reason of every provider, zeros included.
+    pub refusals: Vec<Tally>,
 }
 
 /// The transports a relay sends through, as the `transport` label: the email relay's three, and
@@ -388,6 +411,8 @@ impl Metrics {
             let _ = outbox_oldest_due.get_or_create(&label);
         }
         Metrics {
+            providers,
+            started: std::time::SystemTime::now(),
             registry,
             deliveries,
             responses,
@@ -456,6 +481,48 @@ impl Metrics {
         self.latency
             .get_or_create(&ProviderLabel { provider })
             .observe(took.as_secs_f64());
+    }
+
+    /// The deliveries this process answered, by provider and outcome or refusal reason.
+    pub fn since_start(&self) -> SinceStart {
+        let mut answered = Vec::new();
+        let mut refusals = Vec::new();
+        for provider in &self.providers {
+            for outcome in Outcome::STORED.iter().chain([&Outcome::Duplicate]) {
+                let count = self
+                    .deliveries
+                    .get_or_create(&ProviderOutcome {
+                        provider: provider.clone(),
+                        outcome: outcome.as_str().to_owned(),
+                    })
+                    .get();
+                if count > 0 {
+                    answered.push(Tally {
+                        provider: provider.clone(),
+                        what: outcome.as_str(),
+                        count,
+                    });
+                }
+            }
+            for reason in RefusalReason::ALL {
+                refusals.push(Tally {
+                    provider: provider.clone(),
+                    what: reason.as_str(),
+                    count: self
+                        .refusals
+                        .get_or_create(&ProviderReason {
+                            provider: provider.clone(),
+                            reason: reason.as_str().to_owned(),
+                        })
+                        .get(),
+                });
+            }
+        }
+        SinceStart {
+            started: self.started,
+            answered,
+            refusals,
+        }
     }
 
     /// A `POST /orders` answered.

@@ -287,6 +287,8 @@ impl Application {
             refused: refused.clone(),
             metrics: metrics.clone(),
             serves_metrics: settings.metrics_listen.is_none(),
+            console_tokens: settings.console_tokens.clone(),
+            db: settings.db.clone(),
         });
         let workers = match settings.workers {
             0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
@@ -332,6 +334,8 @@ impl Application {
                     refused: refused.clone(),
                     metrics: metrics.clone(),
                     serves_metrics: true,
+                    console_tokens: Vec::new(),
+                    db: settings.db.clone(),
                 });
                 let bound = HttpServer::new(move || {
                     App::new()

@@ -175,71 +175,16 @@ fn provider_name(text: &str) -> Result<String, String> {
     registered(text).map(|()| text.to_owned())
 }
 
-/// Where a listing starts (`--since`): a moment, or how long before the command runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Since {
-    /// That long before now.
-    Ago(Duration),
-    /// This moment, in Unix seconds.
-    At(i64),
-}
-
-impl Since {
-    /// The moment in Unix seconds, for a command run at `now_unix`.
-    pub fn unix(self, now_unix: i64) -> i64 {
-        match self {
-            Since::Ago(ago) => {
-                now_unix.saturating_sub(i64::try_from(ago.as_secs()).unwrap_or(i64::MAX))
-            }
-            Since::At(at) => at,
-        }
-    }
-}
+pub use crate::clock::Since;
 
 /// What `--since` takes; the help of each listing's `--since` says the same.
 const SINCE_FORMS: &str = "expected a duration such as 90s, 1h or 2d (that long ago), or an RFC \
     3339 time such as 2026-11-29T10:15:02Z (as the listings print it) or \
     2026-11-29T17:15:02+07:00";
 
-/// A duration (`1h`: an hour ago), or an RFC 3339 time: UTC (`Z`, as sekali stores and prints
-/// times) or with an offset (`+07:00`), fractions of a second dropped (stored times have whole
-/// seconds).
+/// `--since`: see [`crate::clock::parse_since`].
 fn since(text: &str) -> Result<Since, String> {
-    if let Ok(ago) = humantime::parse_duration(text) {
-        return Ok(Since::Ago(ago));
-    }
-    rfc3339_unix(text)
-        .map(Since::At)
-        .ok_or_else(|| SINCE_FORMS.to_owned())
-}
-
-/// Unix seconds of an RFC 3339 time. humantime reads UTC only, so an offset (`+07:00`,
-/// `-05:00`) is taken off first: the time is read as if it were UTC, then moved by it.
-fn rfc3339_unix(text: &str) -> Option<i64> {
-    let split = text
-        .len()
-        .checked_sub("+07:00".len())
-        .filter(|at| text.is_char_boundary(*at));
-    let (utc, offset_secs) = match split.map(|at| text.split_at(at)) {
-        Some((time, offset)) if !time.ends_with('Z') => match offset.as_bytes() {
-            [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2]
-                if [h1, h2, m1, m2].iter().all(|d| d.is_ascii_digit()) =>
-            {
-                let digit = |d: &u8| i64::from(d - b'0');
-                let (hours, minutes) = (digit(h1) * 10 + digit(h2), digit(m1) * 10 + digit(m2));
-                if hours > 23 || minutes > 59 {
-                    return None;
-                }
-                let secs = hours * 3600 + minutes * 60;
-                (format!("{time}Z"), if *sign == b'+' { secs } else { -secs })
-            }
-            _ => (text.to_owned(), 0),
-        },
-        _ => (text.to_owned(), 0),
-    };
-    let at = humantime::parse_rfc3339(&utc).ok()?;
-    let secs = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
-    Some(i64::try_from(secs).ok()? - offset_secs)
+    crate::clock::parse_since(text).ok_or_else(|| SINCE_FORMS.to_owned())
 }
 
 /// A stored outcome's name, for `events list --outcome`.

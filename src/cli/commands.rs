@@ -113,6 +113,7 @@ pub(super) fn serve(args: ServeArgs) -> CommandResult {
     let api_tokens = config::api_tokens_from_env()?;
     let mut settings = Settings::new(args.listen, args.db, providers);
     settings.require_a_provider()?;
+    settings.console_tokens = config::console_tokens_from_env(&api_tokens)?;
     settings.api_tokens = api_tokens;
     settings.max_body_bytes = args.max_body_bytes;
     settings.body_timeout = args.body_timeout;

@@ -12,8 +12,6 @@ use std::sync::Mutex;
 use actix_web::dev::Payload;
 use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpRequest};
-use secrecy::ExposeSecret;
-use subtle::ConstantTimeEq;
 
 use super::problem::Problem;
 use super::AppState;
@@ -51,20 +49,9 @@ fn authenticate(req: &HttpRequest) -> Result<ApiClient, Problem> {
         })
         .map(str::trim)
         .ok_or_else(Problem::unauthorized)?;
-    // Every configured token is compared, in constant time, whatever matches first.
-    let mut matched = None;
-    for token in tokens {
-        if bool::from(
-            token
-                .token
-                .expose_secret()
-                .as_bytes()
-                .ct_eq(presented.as_bytes()),
-        ) {
-            matched = Some(token.name.clone());
-        }
-    }
-    matched.map(ApiClient).ok_or_else(Problem::unauthorized)
+    crate::config::matching_token(tokens, presented)
+        .map(|token| ApiClient(token.name.clone()))
+        .ok_or_else(Problem::unauthorized)
 }
 
 /// The decoded Idempotency-Key: `"k-1"` (the draft's sf-string) and `k-1` are the same key.

@@ -3,7 +3,6 @@
 use actix_web::{web, HttpResponse};
 
 use super::AppState;
-use crate::store::OutboxKind;
 use crate::telemetry::ErrorChain;
 
 /// The metrics in the Prometheus text format, the outboxes' backlog read now. If the database
@@ -14,16 +13,7 @@ pub async fn metrics(req: actix_web::HttpRequest, state: web::Data<AppState>) ->
         return super::not_found(req).await;
     }
     let backlog = match state.store.outbox_backlog(state.clock.now_millis()).await {
-        Ok(backlog) => backlog
-            .iter()
-            .map(|(kind, b)| {
-                let name = match kind {
-                    OutboxKind::Email => "email",
-                    OutboxKind::Forward => "forward",
-                };
-                (name, *b)
-            })
-            .collect(),
+        Ok(backlog) => backlog.iter().map(|(kind, b)| (kind.label(), *b)).collect(),
         Err(e) => {
             tracing::warn!(error = %ErrorChain(&e), "reading the outboxes' backlog for /metrics failed");
             Vec::new()

@@ -43,6 +43,10 @@ pub struct AppState {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Whether this server answers `/metrics` (false on `--listen` with `--metrics-listen`).
     pub serves_metrics: bool,
+    /// Login tokens of the operator console (`/console`); empty means it is off (404).
+    pub console_tokens: Vec<crate::config::ApiToken>,
+    /// The database, for the console's reads and actions on connections of their own.
+    pub db: crate::store::Location,
 }
 
 /// Deliveries answered 503 because the write queue was full, per provider, since the last
@@ -114,6 +118,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route(web::get().to(orders::get_order))
             .route(web::head().to(orders::get_order)),
     )
+    .configure(crate::console::configure)
     .default_service(web::to(not_found));
 }
 
