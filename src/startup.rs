@@ -289,6 +289,7 @@ impl Application {
             serves_metrics: settings.metrics_listen.is_none(),
             console_tokens: settings.console_tokens.clone(),
             db: settings.db.clone(),
+            health_probe: Default::default(),
         });
         let workers = match settings.workers {
             0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
@@ -336,6 +337,7 @@ impl Application {
                     serves_metrics: true,
                     console_tokens: Vec::new(),
                     db: settings.db.clone(),
+                    health_probe: Default::default(),
                 });
                 let bound = HttpServer::new(move || {
                     App::new()

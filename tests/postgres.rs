@@ -48,6 +48,20 @@ fn deliver(agent: &ureq::Agent, port: u16, body: &[u8]) -> (u16, String) {
     helpers::deliver_stripe(agent, port, body)
 }
 
+/// `GET /healthz` of the instance on `port`: its status code and body.
+fn healthz(agent: &ureq::Agent, port: u16) -> (u16, serde_json::Value) {
+    let response = match agent
+        .get(&format!("http://127.0.0.1:{port}/healthz"))
+        .call()
+    {
+        Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+        Err(e) => panic!("GET /healthz: {e}"),
+    };
+    let status = response.status();
+    let body = response.into_string().unwrap();
+    (status, serde_json::from_str(&body).unwrap())
+}
+
 /// `sekali serve --db URL` with the tests' providers.
 fn serve(url: &str, args: &[&str]) -> ServeProcess {
     ServeProcess::start_on(Some(Path::new(url)), helpers::PROVIDER_ENV, "warn", args)
@@ -643,6 +657,8 @@ fn a_lock_held_elsewhere_past_the_lock_timeout_answers_503_and_then_the_delivery
             std::thread::sleep(Duration::from_millis(20));
         }
         let started = std::time::Instant::now();
+        // A load balancer asks at the same time: this instance takes no deliveries now.
+        let health = scope.spawn(|| healthz(&agent, server.port));
         let (status, answer) = deliver(&agent, server.port, &bodies[1]);
         let waited = started.elapsed();
         assert_eq!(status, 503, "{answer}");
@@ -650,7 +666,14 @@ fn a_lock_held_elsewhere_past_the_lock_timeout_answers_503_and_then_the_delivery
             waited < Duration::from_secs(7),
             "answered after {waited:?}: it waited for the lock, not the lock timeout"
         );
+        let (status, health) = health.join().unwrap();
+        assert_eq!(status, 503, "{health}");
+        assert_eq!(health["components"]["database"]["status"], "unavailable");
     });
+    std::thread::sleep(Duration::from_millis(1100)); // past the reuse of the last probe
+    let (status, health) = healthz(&agent, server.port);
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(health["components"]["database"]["status"], "ok");
     // Released: the provider's retry goes through, once.
     assert_eq!(
         deliver(&agent, server.port, &bodies[1]),

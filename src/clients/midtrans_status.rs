@@ -38,6 +38,8 @@ pub struct StatusApiMetrics {
         prometheus_client::metrics::counter::Counter,
     >,
     latency: prometheus_client::metrics::histogram::Histogram,
+    /// The last call's result and when it ended, for `/healthz`.
+    last: std::sync::Arc<std::sync::Mutex<Option<(std::time::SystemTime, &'static str)>>>,
 }
 
 impl Default for StatusApiMetrics {
@@ -52,6 +54,7 @@ impl Default for StatusApiMetrics {
             latency: prometheus_client::metrics::histogram::Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(0.01, 2.0, 11),
             ),
+            last: Default::default(),
         }
     }
 }
@@ -60,6 +63,36 @@ impl StatusApiMetrics {
     fn count(&self, result: &'static str, took: Duration) {
         self.calls.get_or_create(&vec![("result", result)]).inc();
         self.latency.observe(took.as_secs_f64());
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((std::time::SystemTime::now(), result));
+    }
+
+    /// What `/healthz` says of the status API: `failing` while its last call failed (a 5xx or
+    /// no answer: notifications are answered 503 until it answers again), else `ok`.
+    pub fn health(&self) -> serde_json::Value {
+        let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let count = |result| self.calls.get_or_create(&vec![("result", result)]).get();
+        let (status, last_call) = match last {
+            None => ("ok", serde_json::Value::Null),
+            Some((at, result)) => (
+                if result == "answered" {
+                    "ok"
+                } else {
+                    "failing"
+                },
+                serde_json::json!({
+                    "result": result,
+                    "at": humantime::format_rfc3339_millis(at).to_string(),
+                }),
+            ),
+        };
+        serde_json::json!({
+            "status": status,
+            "last_call": last_call,
+            "answered": count("answered"),
+            "failed": count("failed"),
+            "unreachable": count("unreachable"),
+        })
     }
 
     /// Adds the calls' metrics to `registry`.

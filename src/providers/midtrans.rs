@@ -235,6 +235,12 @@ impl Provider for Midtrans {
         }
     }
 
+    fn dependency_health(&self) -> Option<(&'static str, serde_json::Value)> {
+        self.status_api
+            .as_ref()
+            .map(|api| ("midtrans_status_api", api.metrics.health()))
+    }
+
     fn redelivery_window(&self) -> Duration {
         REDELIVERY_WINDOW
     }

@@ -133,6 +133,12 @@ pub trait Provider: Send + Sync {
     /// Adds the metrics of what it calls itself (Midtrans's status API) to `/metrics`.
     fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
 
+    /// The health of what it calls itself, for `/healthz` (Midtrans's status API, when the
+    /// status check is on): a JSON object with a `status`. `None` when it calls nothing.
+    fn dependency_health(&self) -> Option<(&'static str, serde_json::Value)> {
+        None
+    }
+
     /// What `sekali replay` tells its user after a delivery was answered 503 "not confirmed"
     /// ([`RejectionKind::NotConfirmed`]): why a test server says so, and what to do about it.
     /// `None` for a provider that never confirms a delivery with its own API.

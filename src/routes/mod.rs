@@ -5,7 +5,7 @@
 pub mod api;
 mod changes;
 mod error;
-mod health;
+pub mod health;
 pub mod metrics;
 mod orders;
 pub mod problem;
@@ -47,6 +47,8 @@ pub struct AppState {
     pub console_tokens: Vec<crate::config::ApiToken>,
     /// The database, for the console's reads and actions on connections of their own.
     pub db: crate::store::Location,
+    /// `/healthz`'s last write probe, shared so that probes come at most once a second.
+    pub health_probe: health::WriteProbe,
 }
 
 /// Deliveries answered 503 because the write queue was full, per provider, since the last

@@ -325,6 +325,15 @@ pub trait Store: Send + Sync {
     /// Ok when the database answers a read.
     fn check_health(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 
+    /// Proves the database takes writes now: a write transaction through the writer (behind
+    /// what is queued) that runs the purge's delete with a limit of 0, so it changes nothing.
+    /// It takes SQLite's write lock, and PostgreSQL refuses it on a read-only server or
+    /// connection. A disk that fails only when pages are written shows in the next delivery's
+    /// commit instead.
+    fn check_writable(&self) -> BoxFuture<'_, Result<(), WriteError>> {
+        Box::pin(async move { self.purge_batch(0).await.map(|_| ()) })
+    }
+
     /// What the store has done since it started (for `/healthz`, and tests that must know that
     /// deliveries shared a transaction).
     fn stats(&self) -> StoreStats;

@@ -109,6 +109,21 @@ async fn a_full_disk_answers_503_writes_nothing_half_and_recovers_when_space_ret
     }
 }
 
+/// `GET /healthz`: its status code and body.
+async fn healthz(app: &TestApp) -> (u16, serde_json::Value) {
+    let mut response = app
+        .client
+        .get(format!("{}/healthz", app.address))
+        .send()
+        .await
+        .unwrap();
+    let body = response.body().await.unwrap();
+    (
+        response.status().as_u16(),
+        serde_json::from_slice(&body).unwrap(),
+    )
+}
+
 /// A `sqlite3` shell holding a write transaction on `db` until dropped.
 struct Sqlite3Shell {
     child: std::process::Child,
@@ -165,10 +180,30 @@ async fn a_sqlite3_shell_holding_the_write_lock_gets_deliveries_a_503_never_a_fa
             "no SQLITE_BUSY leaks"
         );
     }
+    // A load balancer asking now is told to send deliveries elsewhere, and why.
+    let (status, health) = healthz(&app).await;
+    assert_eq!(status, 503, "{health}");
+    assert_eq!(health["status"], "unavailable");
+    assert_eq!(health["components"]["database"]["status"], "unavailable");
+    let problem = health["components"]["database"]["problem"]
+        .as_str()
+        .unwrap();
+    assert!(problem.contains("does not take writes"), "{problem}");
+    assert!(
+        !problem.contains(".db"),
+        "no file path in a public answer: {problem}"
+    );
     actix_web::rt::task::spawn_blocking(move || shell.rollback_and_quit())
         .await
         .unwrap();
     assert_eq!(app.row_counts(), (0, 0, 0));
+    app.clock.advance(Duration::from_secs(2)); // past the reuse of the last probe's result
+    let (status, health) = healthz(&app).await;
+    assert_eq!(
+        (status, &health["status"]),
+        (200, &serde_json::json!("ok")),
+        "{health}"
+    );
 
     for n in 0..5 {
         assert_eq!(

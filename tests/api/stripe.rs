@@ -360,9 +360,59 @@ async fn healthz_reports_a_working_database() {
     let body: serde_json::Value = serde_json::from_slice(&response.body().await.unwrap()).unwrap();
     assert_eq!(body["status"], "ok");
     assert_eq!(body["writer_reopens"], 0);
-    // Nothing written yet: the schema's own transaction is not the writer's.
+    // Nothing written yet: the schema's own transaction is not the writer's, and the write
+    // probe's writes nothing.
     assert_eq!(body["writer"]["transactions"], 0);
     assert_eq!(body["writer"]["deliveries"], 0);
+    let components = &body["components"];
+    assert_eq!(
+        components["database"],
+        serde_json::json!({ "status": "ok" })
+    );
+    assert_eq!(components["writer"]["status"], "ok");
+    assert_eq!(components["writer"]["queued"], 0);
+    for outbox in ["outbox_email", "outbox_forward"] {
+        assert_eq!(
+            components[outbox],
+            serde_json::json!({
+                "status": "ok", "pending": 0, "dead": 0, "oldest_due_age_seconds": 0
+            }),
+            "{outbox}"
+        );
+    }
+    assert!(
+        components.get("midtrans_status_api").is_none(),
+        "no status check configured: {components}"
+    );
+}
+
+#[actix_web::test]
+async fn healthz_says_which_outbox_is_behind_without_failing_the_instance() {
+    // The test server runs no relay: the receipt stays pending and due, and its age grows
+    // with the clock.
+    let app = spawn_app().await;
+    app.deliver_stripe("payment_intent.succeeded").await;
+    app.clock.advance(std::time::Duration::from_secs(6 * 60));
+    let mut response = app
+        .client
+        .get(format!("{}/healthz", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status().as_u16(),
+        200,
+        "an email backlog is not an outage"
+    );
+    let body: serde_json::Value = serde_json::from_slice(&response.body().await.unwrap()).unwrap();
+    let email = &body["components"]["outbox_email"];
+    assert_eq!(email["status"], "behind", "{body}");
+    assert_eq!(email["pending"], 1);
+    assert!(
+        email["oldest_due_age_seconds"].as_u64().unwrap() >= 6 * 60,
+        "{email}"
+    );
+    assert_eq!(body["components"]["outbox_forward"]["status"], "ok");
 }
 
 #[actix_web::test]
