@@ -411,6 +411,14 @@ pub enum OutboxCommand {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// Never send a pending or dead email (its status becomes skipped, its last error says an
+    /// operator did it). A sent or skipped row, or one a relay is sending, is left alone.
+    Skip {
+        /// The row's id (the ID column of `outbox list`).
+        id: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -305,10 +305,29 @@ impl<'a> ShownRow<'a> {
     }
 }
 
+/// What `outbox skip` and `forward skip` print: the change on stdout, or why there was none
+/// as the command's error.
+fn report_skip(row: &str, id: i64, skipped: Skipped, meaning: &str) -> CommandResult {
+    let refused = match skipped {
+        Skipped::Skipped { was } => {
+            crate::outln!("{row} {id}: {was} -> skipped ({meaning})");
+            return DONE;
+        }
+        Skipped::Leased { owner, until } => format!(
+            "{row} {id} is being sent by {} (its lease runs until {until}); skip it after that \
+             if it is still pending",
+            Escaped(&owner)
+        ),
+        Skipped::Finished { status } => format!("{row} {id} is {status} already"),
+        Skipped::Missing => format!("no {row} with id {id}"),
+    };
+    Err(refused.into())
+}
+
 pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
     let (db, writable) = match &command {
         OutboxCommand::List { db, .. } | OutboxCommand::Show { db, .. } => (db, false),
-        OutboxCommand::Retry { db, .. } => (db, true),
+        OutboxCommand::Retry { db, .. } | OutboxCommand::Skip { db, .. } => (db, true),
     };
     let store = open_maintenance(db, writable)?;
     match command {
@@ -408,6 +427,10 @@ pub(super) fn outbox(command: OutboxCommand) -> CommandResult {
                 Retried::Missing => format!("no outbox row with id {id}"),
             };
             return Err(refused.into());
+        }
+        OutboxCommand::Skip { id, .. } => {
+            let skipped = store.skip_email(id, SystemClock.now_millis())?;
+            return report_skip("outbox row", id, skipped, "never sent");
         }
     }
     DONE
@@ -520,25 +543,13 @@ pub(super) fn forward(command: ForwardCommand) -> CommandResult {
             return Err(refused.into());
         }
         ForwardCommand::Skip { id, .. } => {
-            let refused = match store.skip_forward(id, SystemClock.now_millis())? {
-                Skipped::Skipped { was } => {
-                    crate::outln!(
-                        "forwarding row {id}: {was} -> skipped (never sent; its order's later \
-                         changes may go)"
-                    );
-                    return DONE;
-                }
-                Skipped::Leased { owner, until } => format!(
-                    "forwarding row {id} is being sent by {} (its lease runs until {until}); \
-                     skip it after that if it is still pending",
-                    Escaped(&owner)
-                ),
-                Skipped::Finished { status } => {
-                    format!("forwarding row {id} is {status} already")
-                }
-                Skipped::Missing => format!("no forwarding row with id {id}"),
-            };
-            return Err(refused.into());
+            let skipped = store.skip_forward(id, SystemClock.now_millis())?;
+            return report_skip(
+                "forwarding row",
+                id,
+                skipped,
+                "never sent; its order's later changes may go",
+            );
         }
     }
     DONE

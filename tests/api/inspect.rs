@@ -873,6 +873,37 @@ async fn outbox_retry_sends_a_row_waiting_for_its_next_try_now_and_keeps_its_att
     assert!(status.success());
 }
 
+/// `outbox skip`: a pending email is never sent; a skipped one, and an id with no row, are
+/// refused with the reason.
+#[actix_web::test]
+async fn outbox_skip_never_sends_a_pending_email_and_says_why_when_it_does_nothing() {
+    let app = spawn_app().await; // no relay: the receipt stays pending
+    app.deliver_stripe("payment_intent.succeeded").await;
+    assert_eq!(
+        stdout_of(&app.database, &["outbox", "skip", "1"]).await,
+        "outbox row 1: pending -> skipped (never sent)\n"
+    );
+    let row = &json_lines(&stdout_of(&app.database, &["outbox", "list", "--json"]).await)[0];
+    assert_eq!(row["status"], "skipped");
+    assert!(
+        row["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("skipped by an operator")),
+        "{row:?}"
+    );
+    for (id, says) in [
+        ("1", "outbox row 1 is skipped already"),
+        ("9", "no outbox row with id 9"),
+    ] {
+        let refused = sekali_on(&app.database, &["outbox", "skip", id]).await;
+        assert!(!refused.status.success(), "{refused:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&refused.stderr),
+            format!("error: {says}\n")
+        );
+    }
+}
+
 /// Fails on the version that escaped control characters only: an order id with U+202E reached
 /// the log raw, in the warning of an order that needs review, and reversed the rest of the line
 /// in a terminal following the log.
