@@ -13,6 +13,7 @@
 //! - [`store`]: the [`store::Store`] and [`store::Maintenance`] interfaces in domain types, and
 //!   each engine in its own folder with all its SQL ([`store::sqlite`]: the schema, the single
 //!   writer thread and the read pool).
+//! - [`console`]: the operator console at `/console`, on the store's `Maintenance` interface.
 //! - [`jobs`]: background work fed through the store (the purge of expired event ids, the
 //!   outbox relay).
 //! - [`mail`]: rendering emails and the file, SMTP and HTTP transports.
