@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Soak: a steady delivery rate for several minutes with the purge job deleting as fast as ids
-# expire, sampling the server's memory, the WAL, the database file and the relay's backlog every
-# 10 seconds. Memory, the WAL and the backlog must stay flat; the database must plateau once the
+# expire, sampling the server's memory, the WAL, the database file, and from its /metrics the
+# relay's backlog and the writer's mean commit latency, every 10 seconds. Memory, the WAL and the backlog must stay flat; the database must plateau once the
 # purge keeps pace.
 #
 #   benches/soak.sh [SECONDS (600)] [RATE per second (2000)] [CONNECTIONS (16)]
@@ -51,9 +51,22 @@ soak() { # label, then extra serve arguments
 
     mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
     size() { stat -c %s "$1" 2>/dev/null || echo 0; }
-    pending() { sqlite3 "$db" "SELECT count(*) FROM email_outbox WHERE status = 'pending'" 2>/dev/null || echo '?'; }
+    # What the server's /metrics says, as an operator's Prometheus sees it.
+    metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v s="$1" '$1 == s { print $2; found = 1 } END { if (!found) print "?" }'; }
+    pending() { metric 'sekali_outbox_pending{outbox="email"}'; }
+    local commits=0 commit_s=0
+    # The mean commit latency since the last sample, from the histogram's count and sum, into
+    # commit_ms_now (not in a subshell: it keeps the last sample's count and sum).
+    commit_ms() {
+        local c s
+        c=$(metric sekali_writer_commit_duration_seconds_count)
+        s=$(metric sekali_writer_commit_duration_seconds_sum)
+        commit_ms_now=$(awk -v c="$c" -v s="$s" -v c0="$commits" -v s0="$commit_s" \
+            'BEGIN { if (c > c0) printf "%.2f", (s - s0) / (c - c0) * 1000; else print "-" }')
+        commits=$c commit_s=$s
+    }
     echo "== $label"
-    printf '%6s %9s %9s %9s %9s %10s %9s\n' seconds rss_mib hwm_mib wal_mib db_mib event_rows backlog
+    printf '%6s %9s %9s %9s %9s %10s %9s %10s\n' seconds rss_mib hwm_mib wal_mib db_mib event_rows backlog commit_ms
     local start
     start=$(date +%s)
     while kill -0 "$load" 2>/dev/null; do
@@ -61,8 +74,9 @@ soak() { # label, then extra serve arguments
         rss=$(awk '/^VmRSS/ { print $2 * 1024 }' "/proc/$server/status")
         hwm=$(awk '/^VmHWM/ { print $2 * 1024 }' "/proc/$server/status")
         rows=$(sqlite3 "$db" 'SELECT count(*) FROM processed_events' 2>/dev/null || echo '?')
-        printf '%6d %9s %9s %9s %9s %10s %9s\n' $(( $(date +%s) - start )) "$(mib "$rss")" "$(mib "$hwm")" \
-            "$(mib "$(size "$db-wal")")" "$(mib "$(size "$db")")" "$rows" "$(pending)"
+        commit_ms
+        printf '%6d %9s %9s %9s %9s %10s %9s %10s\n' $(( $(date +%s) - start )) "$(mib "$rss")" "$(mib "$hwm")" \
+            "$(mib "$(size "$db-wal")")" "$(mib "$(size "$db")")" "$rows" "$(pending)" "$commit_ms_now"
     done
     # sekali bench exits non-zero unless every request was answered 2xx; the soak then fails too.
     local result=0

@@ -26,9 +26,11 @@ use std::time::{Duration, Instant};
 
 pub mod cleanup;
 mod report;
+mod server_metrics;
 
 pub use cleanup::{CleanedUp, CleanupError};
 pub use report::{BenchReport, Cleanup, SlowDelivery};
+pub use server_metrics::ServerMetrics;
 
 use crate::clock::{Clock, SystemClock};
 use crate::providers::Provider;
@@ -192,6 +194,7 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
             provider: config.provider.name().to_string(),
             reason,
         })?;
+    let before = scrape_instances(&targets);
     let started = Instant::now();
     let pacing = config
         .rate
@@ -222,6 +225,17 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         outcome.absorb(handle.join().expect("a bench client thread panicked"));
     }
     let seconds = started.elapsed().as_secs_f64();
+    let server_metrics = before
+        .into_iter()
+        .zip(scrape_instances(&targets))
+        .filter_map(|((instance, before), (_, after))| match (before, after) {
+            (Ok(before), Ok(after)) => Some(ServerMetrics::between(instance, &before, &after)),
+            (Err(why), _) | (_, Err(why)) => {
+                eprintln!("note: no server metrics from {instance}: {why}");
+                None
+            }
+        })
+        .collect();
     outcome.latencies_us.sort_unstable();
     let ok = outcome.latencies_us.len();
     let percentile = |p: f64| -> Option<f64> {
@@ -257,6 +271,7 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         p99_ms: percentile(99.0),
         max_ms: percentile(100.0),
         slowest: outcome.slowest,
+        server_metrics,
         check_db: None,
         cleanup: None,
     };
@@ -361,6 +376,40 @@ impl ThreadOutcome {
             *self.non_2xx.entry(code).or_default() += n;
         }
     }
+}
+
+/// Each instance's `/metrics` (on the address its webhooks are, once per instance), by
+/// `host:port`, or why it could not be read (a server with `--metrics-listen` answers 404 there).
+fn scrape_instances(targets: &[Target]) -> Vec<(String, Result<server_metrics::Scrape, String>)> {
+    let mut instances: Vec<String> = targets.iter().map(|t| t.authority.clone()).collect();
+    instances.sort();
+    instances.dedup();
+    actix_web::rt::System::new().block_on(async move {
+        let client = awc::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .finish();
+        let mut scrapes = Vec::new();
+        for instance in instances {
+            let url = format!("http://{instance}/metrics");
+            let scrape = async {
+                let mut response = client.get(&url).send().await.map_err(|e| e.to_string())?;
+                if !response.status().is_success() {
+                    return Err(format!("GET {url} answered {}", response.status()));
+                }
+                let body = response
+                    .body()
+                    .limit(16 * 1024 * 1024)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(server_metrics::Scrape::parse(&String::from_utf8_lossy(
+                    &body,
+                )))
+            }
+            .await;
+            scrapes.push((instance, scrape));
+        }
+        scrapes
+    })
 }
 
 /// Where the requests go: the address to connect to, and the request line's path and `Host`.

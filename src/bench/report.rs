@@ -38,6 +38,9 @@ pub struct BenchReport {
     /// The slowest deliveries answered 2xx (at most [`super::SLOWEST`]), slowest first, with when
     /// each was sent: whether a run's worst waits came at its start, together, or spread out.
     pub slowest: Vec<SlowDelivery>,
+    /// What each instance's `/metrics` said of the run: its writer's commits and their latency,
+    /// and its outboxes' backlog at the end.
+    pub server_metrics: Vec<super::ServerMetrics>,
     /// "ok" or what --check-db found wrong; absent without --check-db.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check_db: Option<String>,
@@ -133,6 +136,9 @@ impl BenchReport {
                 .map(|d| format!("{:.2} ms at {:.1} s", d.ms, d.sent_at_s))
                 .collect();
             out.push_str(&format!("slowest 2xx        {}\n", slowest.join(", ")));
+        }
+        for server in &self.server_metrics {
+            out.push_str(&format!("server /metrics    {}\n", server.line()));
         }
         if self.retried > 0 {
             out.push_str(&format!(
