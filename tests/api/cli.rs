@@ -621,6 +621,23 @@ async fn bench_sends_signed_deliveries_with_racing_redeliveries_and_checks_the_d
     );
     assert_eq!(app.count("SELECT count(*) FROM processed_events"), 300);
     assert_eq!(app.count("SELECT count(*) FROM email_outbox"), 300);
+    // The server's own account of the run, from its /metrics: the test server runs no relay,
+    // so every receipt is still pending at the end.
+    let server = &report["server_metrics"][0];
+    assert_eq!(
+        server["instance"],
+        format!("127.0.0.1:{}", app.port),
+        "{stdout}"
+    );
+    let commits = server["commits"].as_u64().unwrap();
+    assert!((1..=450).contains(&commits), "{server}");
+    assert!(server["commit_mean_ms"].as_f64().unwrap() > 0.0, "{server}");
+    assert!(
+        server["batch_units_mean"].as_f64().unwrap() >= 1.0,
+        "{server}"
+    );
+    assert_eq!(server["email_pending_at_end"], 300, "{server}");
+    assert!(stdout.contains("server /metrics"), "{stdout}");
 }
 
 /// How often an event's id sorts below the id of the event that arrived just before it.
