@@ -62,6 +62,27 @@ fn healthz(agent: &ureq::Agent, port: u16) -> (u16, serde_json::Value) {
     (status, serde_json::from_str(&body).unwrap())
 }
 
+/// `GET /metrics` of the instance on `port`.
+fn metrics(port: u16) -> String {
+    agent()
+        .get(&format!("http://127.0.0.1:{port}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap()
+}
+
+/// The value of `series` (written exactly as in the scrape) in `scrape`; panics when missing,
+/// as every series is there from startup.
+fn metric(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} is not in the scrape"))
+        .parse()
+        .unwrap()
+}
+
 /// `sekali serve --db URL` with the tests' providers.
 fn serve(url: &str, args: &[&str]) -> ServeProcess {
     ServeProcess::start_on(Some(Path::new(url)), helpers::PROVIDER_ENV, "warn", args)
@@ -189,6 +210,36 @@ fn the_same_events_sent_to_two_instances_at_once_are_applied_once_each() {
     all.sort();
     all.dedup();
     assert_eq!(all.len(), EVENTS, "an email was written by both instances");
+
+    // Each instance's /metrics counts what it did itself; together they account for the race.
+    let (metrics_a, metrics_b) = (metrics(a.port), metrics(b.port));
+    let both = |series: &str| {
+        let (from_a, from_b) = (metric(&metrics_a, series), metric(&metrics_b, series));
+        (from_a, from_b, from_a + from_b)
+    };
+    let processed = both(r#"sekali_deliveries_total{provider="stripe",outcome="processed"}"#);
+    let duplicate = both(r#"sekali_deliveries_total{provider="stripe",outcome="duplicate"}"#);
+    assert_eq!(processed.2, EVENTS as f64, "processed: {processed:?}");
+    assert_eq!(duplicate.2, EVENTS as f64, "duplicate: {duplicate:?}");
+    assert!(
+        processed.0 > 0.0 && processed.1 > 0.0,
+        "each instance won some races: {processed:?}"
+    );
+    let answered_200 = both(r#"sekali_webhook_responses_total{provider="stripe",code="200"}"#);
+    assert_eq!(answered_200.2, 2.0 * EVENTS as f64, "{answered_200:?}");
+    let sent = both(r#"sekali_relay_attempts_total{transport="file",result="sent"}"#);
+    assert_eq!(
+        sent.2, EVENTS as f64,
+        "each receipt sent once, by one relay: {sent:?}"
+    );
+    // The backlog is the shared database's: both instances report the same.
+    for instance in [&metrics_a, &metrics_b] {
+        assert_eq!(
+            metric(instance, r#"sekali_outbox_pending{outbox="email"}"#),
+            0.0
+        );
+        assert!(metric(instance, "sekali_writer_commit_duration_seconds_count") > 0.0);
+    }
     let (status_a, logs_a) = a.stop();
     let (status_b, logs_b) = b.stop();
     assert!(
