@@ -1,4 +1,4 @@
--- sekali schema, version 8 (PRAGMA user_version = 8).
+-- sekali schema, version 9 (PRAGMA user_version = 9).
 --
 -- Applied at startup, idempotently, by src/store/sqlite/schema.rs, which embeds this file in the
 -- binary.
@@ -59,6 +59,10 @@ CREATE TABLE IF NOT EXISTS processed_events (
     -- Unused since version 7 (a parked event's facts wait on its payment); versions 5 and 6 kept
     -- a parked event here in its normalised form.
     parked_event      TEXT,
+    -- The request headers the delivery came with that are no secret and no signature (a JSON
+    -- object of the names in src/routes/webhooks.rs KEPT_HEADERS, such as content-type and
+    -- user-agent), for an operator to look at. NULL for events stored before version 9.
+    headers           TEXT,
     PRIMARY KEY (provider, event_id)
 );
 
@@ -356,6 +360,42 @@ CREATE INDEX IF NOT EXISTS forward_outbox_due ON forward_outbox (status, next_at
 -- An order's unfinished rows, which hold its later ones.
 CREATE INDEX IF NOT EXISTS forward_outbox_order ON forward_outbox (order_id, id)
     WHERE status = 'pending' OR status = 'dead';
+
+-- Every result a relay recorded for a row of email_outbox or forward_outbox, oldest first: what
+-- each try did, where the outbox rows keep only the number of tries and the last error. Written
+-- in the transaction that records the result. Never purged, as the outboxes are not. Added in
+-- version 9.
+CREATE TABLE IF NOT EXISTS outbox_attempts (
+    id                INTEGER PRIMARY KEY,
+    outbox            TEXT NOT NULL CHECK (outbox = 'email' OR outbox = 'forward'),
+    -- email_outbox.id or forward_outbox.id.
+    row_id            INTEGER NOT NULL,
+    -- When it was recorded: fixed-width millisecond UTC.
+    at                TEXT NOT NULL,
+    -- The relay (its lease owner) that recorded it.
+    relay             TEXT NOT NULL,
+    -- sent: the transport confirmed it; failed: a counted try failed, tried again later; dead: a
+    -- counted try failed, the last; unavailable: the transport could not be reached, no try
+    -- counted; withheld: not sent, no try counted, and not tried again (dead); skipped: no
+    -- recipient address.
+    result            TEXT NOT NULL CHECK (result = 'sent' OR result = 'failed' OR result = 'dead'
+                                           OR result = 'unavailable' OR result = 'withheld'
+                                           OR result = 'skipped'),
+    error             TEXT
+);
+
+CREATE INDEX IF NOT EXISTS outbox_attempts_row ON outbox_attempts (outbox, row_id);
+
+-- Console sessions logged out of before they ran out (docs/console.md). A session is a signed
+-- cookie that any instance accepts; each instance also looks here, so a copy of the cookie is
+-- worthless once its operator logged out. A row is deleted once its session would have ended
+-- anyway. Added in version 9.
+CREATE TABLE IF NOT EXISTS console_logouts (
+    -- Hex SHA-256 of the session cookie's value (never the value itself).
+    session           TEXT PRIMARY KEY NOT NULL,
+    -- When the session would have ended: fixed-width second UTC.
+    expires_at        TEXT NOT NULL
+) WITHOUT ROWID;
 
 -- Idempotency-Key records for sekali's own API (POST /orders), per calling client. The claim,
 -- the work and the stored response commit in one transaction, so a row is always complete

@@ -192,6 +192,9 @@ macro_rules! conformance_suite {
                 events_are_filtered_by_type_and_end_time_and_paged_by_arrival,
                 events_are_counted_by_provider_and_outcome_since_a_time,
                 an_email_skipped_by_an_operator_is_never_claimed_unless_a_relay_holds_it,
+                every_result_a_relay_records_is_kept_in_order_with_its_relay_and_error,
+                an_events_kept_headers_are_stored_with_it_and_read_back,
+                a_console_logout_holds_until_its_session_would_have_ended,
                 an_event_claimed_again_after_its_retention_is_listed_as_the_newest,
                 the_outbox_is_listed_newest_first_by_status,
                 the_outbox_is_filtered_by_status_order_and_time_together,
@@ -265,10 +268,17 @@ fn ev(event_id: &str) -> Ev {
         legacy_event_id: None,
         detail: None,
         retention: Duration::from_secs(RETENTION_SECS),
+        headers: None,
     })
 }
 
 impl Ev {
+    /// The request headers kept with it (a JSON object), as the HTTP route sets them.
+    fn headers(mut self, headers: &str) -> Self {
+        self.0.headers = Some(headers.to_owned());
+        self
+    }
+
     fn provider(mut self, name: &str) -> Self {
         self.0.provider = ProviderName::new(name).unwrap();
         self
@@ -2450,6 +2460,121 @@ mod suite {
             .map(|c| c.id)
             .collect();
         assert_eq!(claimed, [ids[2]], "only the leased row, its lease run out");
+    }
+
+    /// `outbox_attempts`: each result recorded while the relay held the row, oldest first, with
+    /// the relay and the error; a result the lease no longer covered is not kept, as it changed
+    /// nothing. Kept per outbox: a forward's id is not an email's.
+    pub async fn every_result_a_relay_records_is_kept_in_order_with_its_relay_and_error(t: Ctx) {
+        let ids = receipts(&t, 2).await;
+        assert!(t
+            .ops
+            .outbox_attempts(OutboxKind::Email, ids[0])
+            .unwrap()
+            .is_empty());
+        t.claim("relay-a", 10).await;
+        t.advance(1);
+        let first = iso_millis(t.now_ms());
+        let retry_at = t.now_ms() + 60_000;
+        assert_eq!(
+            t.results(
+                "relay-a",
+                &[
+                    (ids[0], failed(Some(retry_at))),
+                    (ids[1], untried(Some(retry_at)))
+                ]
+            )
+            .await,
+            [true, true]
+        );
+        t.advance(61);
+        assert_eq!(t.claim("relay-b", 10).await.len(), 2);
+        let second = iso_millis(t.now_ms());
+        assert_eq!(
+            t.results(
+                "relay-b",
+                &[(ids[0], SendOutcome::Sent), (ids[1], failed(None))]
+            )
+            .await,
+            [true, true]
+        );
+        // relay-a's lease is long gone: its late result changes nothing and is not kept.
+        assert_eq!(
+            t.results("relay-a", &[(ids[0], failed(None))]).await,
+            [false]
+        );
+        let kept = |id| -> Vec<(String, String, String, Option<String>)> {
+            t.ops
+                .outbox_attempts(OutboxKind::Email, id)
+                .unwrap()
+                .into_iter()
+                .map(|a| (a.at, a.relay, a.result, a.error))
+                .collect()
+        };
+        let error = Some("550 mailbox unavailable".to_owned());
+        assert_eq!(
+            kept(ids[0]),
+            [
+                (
+                    first.clone(),
+                    "relay-a".into(),
+                    "failed".into(),
+                    error.clone()
+                ),
+                (second.clone(), "relay-b".into(), "sent".into(), None),
+            ]
+        );
+        let unavailable = match untried(None) {
+            SendOutcome::Untried { error, .. } => Some(error),
+            _ => unreachable!(),
+        };
+        assert_eq!(
+            kept(ids[1]),
+            [
+                (first, "relay-a".into(), "unavailable".into(), unavailable),
+                (second, "relay-b".into(), "dead".into(), error),
+            ]
+        );
+        assert!(t
+            .ops
+            .outbox_attempts(OutboxKind::Forward, ids[0])
+            .unwrap()
+            .is_empty());
+    }
+
+    /// The headers the route kept with a delivery are stored with its claim and read back
+    /// exactly; an event without them reads none.
+    pub async fn an_events_kept_headers_are_stored_with_it_and_read_back(t: Ctx) {
+        let headers = r#"{"content-type":"application/json","user-agent":"Stripe/1.0 <b>\u202e"}"#;
+        t.record(paid("evt_1", "ord_1").headers(headers)).await;
+        t.record(paid("evt_2", "ord_2")).await;
+        assert_eq!(
+            t.claim_of("stripe", "evt_1").headers.as_deref(),
+            Some(headers)
+        );
+        assert_eq!(t.claim_of("stripe", "evt_2").headers, None);
+    }
+
+    /// A console logout is seen by every connection until its session would have ended anyway;
+    /// a later logout forgets those past their end. Logging out twice is one logout.
+    pub async fn a_console_logout_holds_until_its_session_would_have_ended(t: Ctx) {
+        assert!(!t.ops.console_session_ended("session-a").unwrap());
+        t.ops
+            .end_console_session("session-a", T0 + 100, T0)
+            .unwrap();
+        t.ops
+            .end_console_session("session-a", T0 + 100, T0 + 1)
+            .unwrap();
+        assert!(t.ops.console_session_ended("session-a").unwrap());
+        assert!(!t.ops.console_session_ended("session-b").unwrap());
+        t.ops
+            .end_console_session("session-b", T0 + 500, T0 + 100)
+            .unwrap();
+        assert!(
+            !t.ops.console_session_ended("session-a").unwrap(),
+            "forgotten once it would have ended"
+        );
+        assert!(t.ops.console_session_ended("session-b").unwrap());
     }
 
     /// A delivery claimed again once its retention ran out is the newest arrival, and is

@@ -114,6 +114,11 @@ pub struct NormalizedEvent {
     /// a duplicate.
     #[serde(skip, default = "default_retention")]
     pub retention: Duration,
+    /// The request headers the delivery came with that are no secret and no signature, as a
+    /// JSON object, kept with the stored event for an operator to look at; set by the HTTP
+    /// route (a provider leaves it `None`).
+    #[serde(skip)]
+    pub headers: Option<String>,
 }
 
 impl NormalizedEvent {

@@ -761,6 +761,7 @@ impl Notification {
             legacy_event_id,
             detail: None,
             retention: DEFAULT_RETENTION,
+            headers: None,
         }
     }
 

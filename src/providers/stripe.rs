@@ -536,6 +536,7 @@ pub fn parse_event(body: &[u8]) -> Result<NormalizedEvent, PayloadError> {
         legacy_event_id: None,
         detail,
         retention: DEFAULT_RETENTION,
+        headers: None,
     };
     if envelope.object.as_deref() == Some("v2.core.event") {
         warn_of_thin_events_once(&envelope.kind);
@@ -680,6 +681,7 @@ fn normalise_handled(
         legacy_event_id: None,
         detail: None,
         retention: DEFAULT_RETENTION,
+        headers: None,
     })
 }
 

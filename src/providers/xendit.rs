@@ -423,6 +423,7 @@ impl InvoiceCallback {
             legacy_event_id: None,
             detail: None,
             retention: DEFAULT_RETENTION,
+            headers: None,
         })
     }
 

@@ -105,7 +105,40 @@ async fn handle(
         .await?;
     // How long this provider's ids are remembered: `--retention NAME=…` or its default.
     event.retention = provider.retention();
+    event.headers = kept_headers(req.headers());
     record(state, event, body).await
+}
+
+/// The request headers kept with a stored event for an operator to look at (the console shows
+/// them): only these, none that a provider signs or authenticates with (`Stripe-Signature`,
+/// `webhook-signature`, Xendit's `x-callback-token`), each value cut to 512 characters.
+pub const KEPT_HEADERS: [&str; 10] = [
+    "content-type",
+    "content-length",
+    "user-agent",
+    "webhook-id",
+    "webhook-timestamp",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-real-ip",
+    "x-request-id",
+    "traceparent",
+];
+
+/// [`KEPT_HEADERS`] of a request, as a JSON object; `None` when it has none of them.
+fn kept_headers(headers: &actix_web::http::header::HeaderMap) -> Option<String> {
+    let kept: serde_json::Map<String, serde_json::Value> = KEPT_HEADERS
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(*name)?;
+            let text: String = String::from_utf8_lossy(value.as_bytes())
+                .chars()
+                .take(512)
+                .collect();
+            Some(((*name).to_owned(), text.into()))
+        })
+        .collect();
+    (!kept.is_empty()).then(|| serde_json::Value::Object(kept).to_string())
 }
 
 async fn read_body(

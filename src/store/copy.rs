@@ -42,6 +42,7 @@ pub const TABLES: &[(&str, &[&str])] = &[
             "payment_intent_id",
             "payload",
             "parked_event",
+            "headers",
         ],
     ),
     (
@@ -180,6 +181,11 @@ pub const TABLES: &[(&str, &[&str])] = &[
             "first_tried_at",
         ],
     ),
+    (
+        "outbox_attempts",
+        &["id", "outbox", "row_id", "at", "relay", "result", "error"],
+    ),
+    ("console_logouts", &["session", "expires_at"]),
     (
         "idempotency_keys",
         &[

@@ -34,10 +34,10 @@ pub use location::{maintenance, open, Location, Options};
 pub use model::{
     BackupReport, ClaimRequest, Claimed, ClaimedEmail, ClaimedForward, DeletedRun, EventCount,
     EventDetail, EventQuery, EventSummary, ForwardRow, IdempotentOutcome, NewOrder, NextTry,
-    OperatorChange, OrderView, OrdersOutsideRuns, OutboxBacklog, OutboxKind, OutboxQuery,
-    OutboxRow, PaymentView, Purged, Retried, RunCounts, RunDeletion, RunEmail, RunMarker,
-    SendOutcome, SendResult, SetStatusError, Skipped, StoreStats, StoredResponse, Transition,
-    WriterStats, DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
+    OperatorChange, OrderView, OrdersOutsideRuns, OutboxAttempt, OutboxBacklog, OutboxKind,
+    OutboxQuery, OutboxRow, PaymentView, Purged, Retried, RunCounts, RunDeletion, RunEmail,
+    RunMarker, SendOutcome, SendResult, SetStatusError, Skipped, StoreStats, StoredResponse,
+    Transition, WriterStats, DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
 };
 
 /// A store failure, in engine-neutral kinds. What the database itself reported is kept as the
@@ -381,6 +381,26 @@ pub trait Maintenance {
     /// `last_error` saying an operator did it); unless a relay is sending it right now. One
     /// transaction.
     fn skip_email(&self, id: i64, now_ms: i64) -> Result<Skipped, StoreError>;
+
+    /// Every result recorded for row `row_id` of `outbox`, oldest first (the console's order
+    /// story).
+    fn outbox_attempts(
+        &self,
+        outbox: OutboxKind,
+        row_id: i64,
+    ) -> Result<Vec<OutboxAttempt>, StoreError>;
+
+    /// A console session (`session`: a hash of its cookie) logged out of: refused from now on
+    /// by every instance until `expires_unix`, when it would have ended anyway.
+    fn end_console_session(
+        &self,
+        session: &str,
+        expires_unix: i64,
+        now_unix: i64,
+    ) -> Result<(), StoreError>;
+
+    /// Whether the console session `session` was logged out of.
+    fn console_session_ended(&self, session: &str) -> Result<bool, StoreError>;
 
     /// The events received since `since_unix`, counted by provider and outcome (the console's
     /// overview).

@@ -293,6 +293,42 @@ pub enum SendOutcome {
     Skipped,
 }
 
+impl SendOutcome {
+    /// What `outbox_attempts` keeps of it: its result (`sent`, `failed`, `dead`, `unavailable`,
+    /// `withheld`, `skipped`) and its error.
+    pub fn attempt(&self) -> (&'static str, Option<&str>) {
+        match self {
+            SendOutcome::Sent => ("sent", None),
+            SendOutcome::Failed { error, retry_at_ms } => (
+                if retry_at_ms.is_some() {
+                    "failed"
+                } else {
+                    "dead"
+                },
+                Some(error),
+            ),
+            SendOutcome::Untried { error, retry_at_ms } => (
+                if retry_at_ms.is_some() {
+                    "unavailable"
+                } else {
+                    "withheld"
+                },
+                Some(error),
+            ),
+            SendOutcome::Skipped => ("skipped", Some("no recipient address")),
+        }
+    }
+}
+
+/// One recorded result of an outbox row (`outbox_attempts`), as the console shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OutboxAttempt {
+    pub at: String,
+    pub relay: String,
+    pub result: String,
+    pub error: Option<String>,
+}
+
 /// The outcome of row `id`, to record for the relay that claimed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendResult {
@@ -591,6 +627,9 @@ pub struct EventDetail {
     pub summary: EventSummary,
     pub payment_intent_id: Option<String>,
     pub payload: String,
+    /// The request headers it came with that are no secret (a JSON object); `None` for events
+    /// stored before version 9.
+    pub headers: Option<String>,
 }
 
 /// Rows deleted per transaction: small enough that deliveries queued behind a batch wait only

@@ -437,12 +437,20 @@ async fn json_output_is_one_object_per_line_with_every_field_and_the_values_as_s
 
     let shown = json_lines(&shown);
     assert_eq!(shown.len(), 1);
+    let headers: serde_json::Value =
+        serde_json::from_str(shown[0]["headers"].as_str().unwrap()).unwrap();
+    assert_eq!(headers["content-type"], "application/json", "{headers}");
+    assert!(
+        headers.get("stripe-signature").is_none(),
+        "no signature is kept: {headers}"
+    );
     assert_eq!(
         keys(&shown[0]),
         [
             "event_id",
             "event_type",
             "expires_at",
+            "headers",
             "order_id",
             "outcome",
             "payload",

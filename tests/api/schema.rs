@@ -493,6 +493,60 @@ async fn a_version_7_database_numbers_its_changes_and_the_feed_serves_them_first
     app.stop().await;
 }
 
+/// Version 8 kept neither a delivery's headers nor each try of an outbox row; version 9 keeps
+/// both, from the migration on: the old event reads none, a new delivery its headers (never a
+/// signature), and the new tables take rows (on both engines).
+#[actix_web::test]
+async fn a_version_8_database_keeps_its_events_and_gains_headers_and_the_tries_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::fresh(dir.path().join("v8.db"));
+    match &db {
+        Database::File(path) => {
+            let conn = Connection::open(path).unwrap();
+            conn.execute_batch(include_str!("../../fixtures/schema-v8.sql"))
+                .unwrap();
+            conn.execute_batch("PRAGMA user_version = 8").unwrap();
+        }
+        Database::Server(_) => db.execute(&format!(
+            "{} INSERT INTO sekali_schema (version) VALUES (8);",
+            include_str!("../../fixtures/postgres-schema-v8.sql")
+        )),
+    }
+    db.execute(
+        "INSERT INTO processed_events (provider, event_id, event_type, order_id, outcome,
+                                       received_at, expires_at, payload)
+         VALUES ('stripe', 'evt_old', 'customer.created', NULL, 'ignored',
+                 '2026-11-01T10:00:00Z', '2099-01-01T00:00:00Z', '{}')",
+    );
+    let v8 = db.location();
+    let app = spawn_app_with(move |settings| settings.db = v8).await;
+    assert_eq!(stored_version(&app.database), SCHEMA_VERSION);
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded")
+            .await
+            .outcome(),
+        "processed"
+    );
+    let headers =
+        app.texts("SELECT coalesce(headers, 'none') FROM processed_events ORDER BY rowid");
+    assert_eq!(headers[0], "none", "the old event: {headers:?}");
+    let new: serde_json::Value = serde_json::from_str(&headers[1]).unwrap();
+    assert_eq!(new["content-type"], "application/json", "{new}");
+    assert!(
+        !headers[1].to_lowercase().contains("signature"),
+        "{headers:?}"
+    );
+    app.database.execute(
+        "INSERT INTO outbox_attempts (outbox, row_id, at, relay, result)
+         VALUES ('email', 1, '2026-12-06T00:00:00.000Z', 'relay', 'sent');
+         INSERT INTO console_logouts (session, expires_at)
+         VALUES ('00', '2026-12-06T12:00:00Z');",
+    );
+    assert_eq!(app.count("SELECT count(*) FROM outbox_attempts"), 1);
+    assert_eq!(app.count("SELECT count(*) FROM console_logouts"), 1);
+    app.stop().await;
+}
+
 #[actix_web::test]
 async fn a_new_database_starts_at_the_current_version() {
     let app = spawn_app().await;

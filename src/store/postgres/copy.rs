@@ -11,11 +11,12 @@ use super::{schema, StoreError, Target};
 use crate::store::copy::{Cell, Import, Visit, TABLES};
 
 /// The tables whose identity column a copy fills with the source's values.
-const IDENTITIES: [(&str, &str); 4] = [
+const IDENTITIES: [(&str, &str); 5] = [
     ("processed_events", "rowid"),
     ("order_transitions", "id"),
     ("email_outbox", "id"),
     ("forward_outbox", "id"),
+    ("outbox_attempts", "id"),
 ];
 
 impl ToSql for Cell {

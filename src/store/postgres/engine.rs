@@ -296,6 +296,27 @@ impl Maintenance for PgMaintenance {
         self.run(|db| outbox::skip(db, OutboxKind::Email, id, now_ms))
     }
 
+    fn outbox_attempts(
+        &self,
+        outbox: OutboxKind,
+        row_id: i64,
+    ) -> Result<Vec<crate::store::OutboxAttempt>, StoreError> {
+        self.run(|db| reads::outbox_attempts(db, outbox, row_id))
+    }
+
+    fn end_console_session(
+        &self,
+        session: &str,
+        expires_unix: i64,
+        now_unix: i64,
+    ) -> Result<(), StoreError> {
+        self.run(|db| super::console::end_session(db, session, expires_unix, now_unix))
+    }
+
+    fn console_session_ended(&self, session: &str) -> Result<bool, StoreError> {
+        self.run(|db| super::console::session_ended(db, session))
+    }
+
     fn event_counts(&self, since_unix: i64) -> Result<Vec<EventCount>, StoreError> {
         self.run(|db| reads::event_counts(db, since_unix))
     }

@@ -70,13 +70,13 @@ pub fn record_event_and_apply(
     let claimed = db.execute(
         "INSERT INTO processed_events
              (provider, event_id, event_type, order_id, outcome, received_at, expires_at,
-              payment_intent_id, payload)
-         VALUES ($1, $2, $3, $4, 'processed', $5, $6, $7, $8)
+              payment_intent_id, payload, headers)
+         VALUES ($1, $2, $3, $4, 'processed', $5, $6, $7, $8, $9)
          ON CONFLICT (provider, event_id) DO UPDATE SET
              event_type = excluded.event_type, order_id = excluded.order_id,
              outcome = excluded.outcome, received_at = excluded.received_at,
              expires_at = excluded.expires_at, payment_intent_id = excluded.payment_intent_id,
-             payload = excluded.payload,
+             payload = excluded.payload, headers = excluded.headers,
              rowid = DEFAULT
          WHERE processed_events.expires_at <= excluded.received_at",
         &[
@@ -88,6 +88,7 @@ pub fn record_event_and_apply(
             &expires_at,
             &payment_ref,
             &payload,
+            &event.headers,
         ],
     )?;
     if claimed == 0 {

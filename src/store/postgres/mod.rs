@@ -15,6 +15,7 @@
 //! a deadlock or serialization failure (40P01, 40001) reruns the batch.
 
 pub mod connect;
+pub mod console;
 pub mod copy;
 mod engine;
 pub mod events;

@@ -211,6 +211,14 @@ pub fn record_results_in_transaction(
                 )?,
                 SendOutcome::Skipped => db.execute(skipped, &[&result.id, &owner, &now])?,
             };
+            if changed == 1 {
+                let (what, error) = result.outcome.attempt();
+                db.execute(
+                    "INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                    &[&outbox.label(), &result.id, &now, &owner, &what, &error],
+                )?;
+            }
             Ok(changed == 1)
         })
         .collect()

@@ -156,6 +156,29 @@ pub fn event_counts(db: &mut Db<'_, '_>, since_unix: i64) -> Result<Vec<EventCou
     .collect()
 }
 
+/// Every result recorded for row `row_id` of `outbox`, oldest first.
+pub fn outbox_attempts(
+    db: &mut Db<'_, '_>,
+    outbox: OutboxKind,
+    row_id: i64,
+) -> Result<Vec<crate::store::OutboxAttempt>, StoreError> {
+    db.query(
+        "SELECT at, relay, result, error FROM outbox_attempts
+         WHERE outbox = $1 AND row_id = $2 ORDER BY id",
+        &[&outbox.label(), &row_id],
+    )?
+    .iter()
+    .map(|row| {
+        Ok(crate::store::OutboxAttempt {
+            at: get(row, 0)?,
+            relay: get(row, 1)?,
+            result: get(row, 2)?,
+            error: get(row, 3)?,
+        })
+    })
+    .collect()
+}
+
 /// Every stored event with this id (one per provider at most).
 pub fn find_events(
     db: &mut Db<'_, '_>,
@@ -166,7 +189,7 @@ pub fn find_events(
         concat!(
             "SELECT ",
             summary_columns!(),
-            ", payment_intent_id, payload FROM processed_events
+            ", payment_intent_id, payload, headers FROM processed_events
          WHERE event_id = $1 AND ($2::text IS NULL OR provider = $2::text) ORDER BY provider"
         ),
         &[&event_id, &provider],
@@ -177,6 +200,7 @@ pub fn find_events(
             summary: summary(row)?,
             payment_intent_id: get(row, 8)?,
             payload: get(row, 9)?,
+            headers: get(row, 10)?,
         })
     })
     .collect()

@@ -83,6 +83,15 @@ pub fn delete_run(
     if leased > 0 {
         return Ok(RunDeletion::Leased { emails: leased });
     }
+    // Their rows' recorded tries first, while the rows still say whose they are.
+    db.execute(
+        "DELETE FROM outbox_attempts
+         WHERE (outbox = 'email' AND row_id IN (SELECT id FROM email_outbox
+                                                WHERE starts_with(order_id, $1::text)))
+            OR (outbox = 'forward' AND row_id IN (SELECT id FROM forward_outbox
+                                                  WHERE starts_with(order_id, $1::text)))",
+        &[&orders],
+    )?;
     // The keys of exactly the rows deleted (SQLite read them, then deleted the same rows: its
     // writers were serialized; here an email written meanwhile is deleted and returned too).
     let emails = db

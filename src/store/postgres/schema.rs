@@ -69,6 +69,13 @@ pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
                 // The forwarding tables.
                 tx.batch_execute(SCHEMA_SQL)?;
             }
+            if found < 9 {
+                tx.batch_execute(
+                    "ALTER TABLE processed_events ADD COLUMN headers TEXT COLLATE \"C\"",
+                )?;
+                // outbox_attempts.
+                tx.batch_execute(SCHEMA_SQL)?;
+            }
             tx.execute("UPDATE sekali_schema SET version = $1", &[&SCHEMA_VERSION])?;
             tracing::info!(
                 from = found,

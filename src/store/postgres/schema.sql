@@ -1,5 +1,6 @@
--- sekali schema, version 7, for PostgreSQL 15: the translation of the top-level schema.sql
--- (SQLite, PRAGMA user_version = 7). Same tables, same column names in the same order, same
+-- sekali schema, version 9, for PostgreSQL 15: the translation of the top-level schema.sql
+-- (SQLite, PRAGMA user_version = 9). Same tables, same column names in the same order (but for
+-- processed_events.rowid, PostgreSQL's own, before the column added after it), same
 -- meaning and the same constraints, so that psql users see the tables an sqlite3 user sees.
 --
 -- Applied at startup, idempotently (every statement is IF NOT EXISTS; loading it twice changes
@@ -103,6 +104,8 @@ CREATE TABLE IF NOT EXISTS processed_events (
     -- new one (SET rowid = DEFAULT), as it takes max(rowid) + 1 in SQLite. With several writers
     -- it is the order the claims ran, not the order they committed.
     rowid             BIGINT GENERATED ALWAYS AS IDENTITY,
+    -- SQLite's headers (added in version 9, after rowid, where a migration adds it).
+    headers           TEXT COLLATE "C",
     PRIMARY KEY (provider, event_id)
 );
 
@@ -415,6 +418,29 @@ CREATE INDEX IF NOT EXISTS forward_outbox_due ON forward_outbox (status, next_at
 -- An order's unfinished rows, which hold its later ones.
 CREATE INDEX IF NOT EXISTS forward_outbox_order ON forward_outbox (order_id, id)
     WHERE status = 'pending' OR status = 'dead';
+
+-- Every result a relay recorded for an outbox row (see schema.sql). Added in version 9.
+CREATE TABLE IF NOT EXISTS outbox_attempts (
+    -- INTEGER PRIMARY KEY (the rowid) in SQLite; see "Row ids" above.
+    id                BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    outbox            TEXT COLLATE "C" NOT NULL CHECK (outbox = 'email' OR outbox = 'forward'),
+    row_id            BIGINT NOT NULL,
+    at                TEXT COLLATE "C" NOT NULL,
+    relay             TEXT COLLATE "C" NOT NULL,
+    result            TEXT COLLATE "C" NOT NULL
+                      CHECK (result = 'sent' OR result = 'failed' OR result = 'dead'
+                             OR result = 'unavailable' OR result = 'withheld'
+                             OR result = 'skipped'),
+    error             TEXT COLLATE "C"
+);
+
+CREATE INDEX IF NOT EXISTS outbox_attempts_row ON outbox_attempts (outbox, row_id);
+
+-- Console sessions logged out of before they ran out (see schema.sql). Added in version 9.
+CREATE TABLE IF NOT EXISTS console_logouts (
+    session           TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+    expires_at        TEXT COLLATE "C" NOT NULL
+);
 
 -- Idempotency-Key records for sekali's own API (POST /orders), per calling client. The claim,
 -- the work and the stored response commit in one transaction, so a row is always complete

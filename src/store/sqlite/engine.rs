@@ -8,7 +8,7 @@ use futures_util::future::BoxFuture;
 use rusqlite::Connection;
 
 use super::writer::{Writer, WriterConfig};
-use super::{backup, forward, orders, outbox, purge, reads, runs, ReadPool, StoreError};
+use super::{backup, console, forward, orders, outbox, purge, reads, runs, ReadPool, StoreError};
 use crate::clock::SharedClock;
 use crate::domain::{NormalizedEvent, OrderStatus};
 use crate::store::model::{
@@ -203,6 +203,27 @@ impl Maintenance for SqliteMaintenance {
 
     fn skip_email(&self, id: i64, now_ms: i64) -> Result<Skipped, StoreError> {
         outbox::skip(&self.conn, OutboxKind::Email, id, now_ms)
+    }
+
+    fn outbox_attempts(
+        &self,
+        outbox: OutboxKind,
+        row_id: i64,
+    ) -> Result<Vec<crate::store::OutboxAttempt>, StoreError> {
+        Ok(reads::outbox_attempts(&self.conn, outbox, row_id)?)
+    }
+
+    fn end_console_session(
+        &self,
+        session: &str,
+        expires_unix: i64,
+        now_unix: i64,
+    ) -> Result<(), StoreError> {
+        console::end_session(&self.conn, session, expires_unix, now_unix)
+    }
+
+    fn console_session_ended(&self, session: &str) -> Result<bool, StoreError> {
+        Ok(console::session_ended(&self.conn, session)?)
     }
 
     fn event_counts(&self, since_unix: i64) -> Result<Vec<EventCount>, StoreError> {

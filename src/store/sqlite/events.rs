@@ -61,13 +61,13 @@ pub fn record_event_and_apply(
         .prepare(
             "INSERT INTO processed_events
                  (provider, event_id, event_type, order_id, outcome, received_at, expires_at,
-                  payment_intent_id, payload)
-             VALUES (?1, ?2, ?3, ?4, 'processed', ?5, ?6, ?7, ?8)
+                  payment_intent_id, payload, headers)
+             VALUES (?1, ?2, ?3, ?4, 'processed', ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT (provider, event_id) DO UPDATE SET
                  event_type = excluded.event_type, order_id = excluded.order_id,
                  outcome = excluded.outcome, received_at = excluded.received_at,
                  expires_at = excluded.expires_at, payment_intent_id = excluded.payment_intent_id,
-                 payload = excluded.payload,
+                 payload = excluded.payload, headers = excluded.headers,
                  rowid = (SELECT max(rowid) FROM processed_events) + 1
              WHERE processed_events.expires_at <= excluded.received_at",
         )?
@@ -80,6 +80,7 @@ pub fn record_event_and_apply(
             expires_at,
             event.payment_ref(),
             payload,
+            event.headers,
         ])?;
     if claimed == 0 {
         return Ok(Outcome::Duplicate);

@@ -8,6 +8,7 @@
 //! [`Store`](super::Store); [`SqliteMaintenance`] is one connection for a command.
 
 pub mod backup;
+pub mod console;
 pub mod copy;
 pub mod events;
 pub mod forward;

@@ -141,6 +141,10 @@ pub fn record_results_in_transaction(
                 lease_until = NULL, last_error = 'no recipient address'
          WHERE id = ?1 AND status = 'pending' AND lease_owner = ?2 AND lease_until > ?3"
     ))?;
+    let mut attempt = conn.prepare_cached(
+        "INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
     results
         .iter()
         .map(|result| {
@@ -164,6 +168,10 @@ pub fn record_results_in_transaction(
                 ])?,
                 SendOutcome::Skipped => skipped.execute(params![result.id, owner, now])?,
             };
+            if changed == 1 {
+                let (what, error) = result.outcome.attempt();
+                attempt.execute(params![outbox.label(), result.id, now, owner, what, error])?;
+            }
             Ok(changed == 1)
         })
         .collect()

@@ -115,6 +115,27 @@ pub fn event_counts(conn: &Connection, since_unix: i64) -> rusqlite::Result<Vec<
     .collect()
 }
 
+/// Every result recorded for row `row_id` of `outbox`, oldest first.
+pub fn outbox_attempts(
+    conn: &Connection,
+    outbox: OutboxKind,
+    row_id: i64,
+) -> rusqlite::Result<Vec<crate::store::OutboxAttempt>> {
+    conn.prepare_cached(
+        "SELECT at, relay, result, error FROM outbox_attempts
+         WHERE outbox = ?1 AND row_id = ?2 ORDER BY id",
+    )?
+    .query_map(params![outbox.label(), row_id], |row| {
+        Ok(crate::store::OutboxAttempt {
+            at: row.get(0)?,
+            relay: row.get(1)?,
+            result: row.get(2)?,
+            error: row.get(3)?,
+        })
+    })?
+    .collect()
+}
+
 /// Every stored event with this id (one per provider at most).
 pub fn find_events(
     conn: &Connection,
@@ -122,7 +143,7 @@ pub fn find_events(
     provider: Option<&str>,
 ) -> rusqlite::Result<Vec<EventDetail>> {
     let sql = format!(
-        "SELECT {SUMMARY_COLUMNS}, payment_intent_id, payload FROM processed_events
+        "SELECT {SUMMARY_COLUMNS}, payment_intent_id, payload, headers FROM processed_events
          WHERE event_id = ?1 AND (?2 IS NULL OR provider = ?2) ORDER BY provider"
     );
     conn.prepare(&sql)?
@@ -131,6 +152,7 @@ pub fn find_events(
                 summary: summary(row)?,
                 payment_intent_id: row.get(8)?,
                 payload: row.get(9)?,
+                headers: row.get(10)?,
             })
         })?
         .collect()

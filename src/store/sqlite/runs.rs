@@ -74,6 +74,15 @@ pub fn delete_run(
         let delete = |sql: &str, pattern: &[&str]| -> rusqlite::Result<usize> {
             conn.execute(sql, rusqlite::params_from_iter(pattern))
         };
+        // Their rows' recorded tries first, while the rows still say whose they are.
+        delete(
+            "DELETE FROM outbox_attempts
+             WHERE (outbox = 'email'
+                    AND row_id IN (SELECT id FROM email_outbox WHERE order_id GLOB ?1))
+                OR (outbox = 'forward'
+                    AND row_id IN (SELECT id FROM forward_outbox WHERE order_id GLOB ?1))",
+            &[&orders],
+        )?;
         delete(
             "DELETE FROM email_outbox WHERE order_id GLOB ?1",
             &[&orders],

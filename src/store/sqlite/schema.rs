@@ -42,7 +42,7 @@ use super::StoreError;
 pub const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// CHECK constraints rewritten in place, in order: (the version whose text `new` is, table, the
 /// text before it, `new`). Each new text accepts every value the old one did, so no stored row
@@ -208,6 +208,11 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
             if version < 8 {
                 conn.execute_batch(V8_TRANSITIONS)?;
                 // The forwarding tables.
+                conn.execute_batch(SCHEMA_SQL)?;
+            }
+            if version < 9 {
+                conn.execute_batch("ALTER TABLE processed_events ADD COLUMN headers TEXT")?;
+                // outbox_attempts.
                 conn.execute_batch(SCHEMA_SQL)?;
             }
         }
