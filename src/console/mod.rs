@@ -143,18 +143,29 @@ async fn not_found(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse
 }
 
 /// The session of a page's request; without one, the answer to give (404 while the console is
-/// off, else to the login page).
-fn viewer(state: &AppState, req: &HttpRequest) -> Result<Session, Early> {
+/// off, else to the login page). A session logged out of (on any instance) is none.
+async fn viewer(state: &AppState, req: &HttpRequest) -> Result<Session, Early> {
     if state.console_tokens.is_empty() {
         return Err(Box::new(HttpResponse::NotFound().finish()));
     }
-    session::of_request(req, &state.console_tokens, state.clock.now_unix())
-        .ok_or_else(|| Box::new(see_other("/console/login".to_owned())))
+    let to_login = || Box::new(see_other("/console/login".to_owned()));
+    let session = session::of_request(req, &state.console_tokens, state.clock.now_unix())
+        .ok_or_else(to_login)?;
+    if logged_out(state, &session).await? {
+        return Err(to_login());
+    }
+    Ok(session)
+}
+
+/// Whether `session` was logged out of.
+async fn logged_out(state: &AppState, session: &Session) -> Result<bool, Early> {
+    let id = session.id.clone();
+    with_db(state, false, move |db| db.console_session_ended(&id)).await
 }
 
 /// The session of an action's request, once it is shown to come from the console's own page
 /// with the session's CSRF token; else the refusal (403), logged.
-fn actor(state: &AppState, req: &HttpRequest, csrf: &str) -> Result<Session, Early> {
+async fn actor(state: &AppState, req: &HttpRequest, csrf: &str) -> Result<Session, Early> {
     if state.console_tokens.is_empty() {
         return Err(Box::new(HttpResponse::NotFound().finish()));
     }
@@ -182,6 +193,13 @@ fn actor(state: &AppState, req: &HttpRequest, csrf: &str) -> Result<Session, Ear
             Some(&session),
             "a missing or stale CSRF token",
             "This form is from an earlier session or another page. Reload the page and try again. Nothing was changed.",
+        ));
+    }
+    if logged_out(state, &session).await? {
+        return Err(refuse(
+            None,
+            "a session logged out of",
+            "This session was logged out of. Log in, then try again. Nothing was changed.",
         ));
     }
     Ok(session)
@@ -298,9 +316,24 @@ async fn logout(
     req: HttpRequest,
     form: web::Form<CsrfForm>,
 ) -> HttpResponse {
-    if let Err(refused) = actor(&state, &req, &form.csrf) {
-        return *refused;
+    let session = match actor(&state, &req, &form.csrf).await {
+        Ok(session) => session,
+        Err(refused) => return *refused,
+    };
+    // Ended for every instance, not only this browser: a copy of the cookie is refused too.
+    let (id, expires, now) = (
+        session.id.clone(),
+        session.expires_unix,
+        state.clock.now_unix(),
+    );
+    if let Err(answer) = with_db(&state, true, move |db| {
+        db.end_console_session(&id, expires, now)
+    })
+    .await
+    {
+        return *answer;
     }
+    tracing::info!(operator = %crate::domain::text::Escaped(&session.operator), "console logout");
     let mut response = see_other("/console/login".to_owned());
     response
         .add_cookie(&session::removal(&req))
@@ -317,7 +350,7 @@ fn age(duration: std::time::Duration) -> String {
 }
 
 async fn overview(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse {
-    let session = match viewer(&state, &req) {
+    let session = match viewer(&state, &req).await {
         Ok(session) => session,
         Err(answer) => return *answer,
     };
@@ -492,7 +525,7 @@ async fn events(
     req: HttpRequest,
     filter: Option<web::Query<EventFilter>>,
 ) -> HttpResponse {
-    let session = match viewer(&state, &req) {
+    let session = match viewer(&state, &req).await {
         Ok(session) => session,
         Err(answer) => return *answer,
     };
@@ -555,7 +588,7 @@ async fn event(
     req: HttpRequest,
     path: web::Path<(String, String)>,
 ) -> HttpResponse {
-    let session = match viewer(&state, &req) {
+    let session = match viewer(&state, &req).await {
         Ok(session) => session,
         Err(answer) => return *answer,
     };
@@ -600,8 +633,22 @@ struct Story {
     order: crate::store::OrderView,
     transitions: Vec<crate::store::Transition>,
     events: Vec<crate::store::EventSummary>,
-    emails: Vec<crate::store::OutboxRow>,
-    forwards: Vec<crate::store::ForwardRow>,
+    /// Each email and forward, as JSON, with its `attempts_log`.
+    emails: Vec<serde_json::Value>,
+    forwards: Vec<serde_json::Value>,
+}
+
+/// `row` as JSON with every result recorded for it (`attempts_log`).
+fn with_attempts(
+    db: &dyn Maintenance,
+    outbox: crate::store::OutboxKind,
+    id: i64,
+    row: &impl serde::Serialize,
+) -> Result<serde_json::Value, StoreError> {
+    let mut value = serde_json::to_value(row).unwrap_or_default();
+    value["attempts_log"] =
+        serde_json::to_value(db.outbox_attempts(outbox, id)?).unwrap_or_default();
+    Ok(value)
 }
 
 fn story(db: &dyn Maintenance, order_id: &str) -> Result<Option<Story>, StoreError> {
@@ -619,8 +666,16 @@ fn story(db: &dyn Maintenance, order_id: &str) -> Result<Option<Story>, StoreErr
             order_id: Some(order_id.to_owned()),
             ..EventQuery::newest(500)
         })?,
-        emails: db.outbox(&rows(500))?,
-        forwards: db.forwards(&rows(500))?,
+        emails: db
+            .outbox(&rows(500))?
+            .iter()
+            .map(|row| with_attempts(db, crate::store::OutboxKind::Email, row.id, row))
+            .collect::<Result<_, _>>()?,
+        forwards: db
+            .forwards(&rows(500))?
+            .iter()
+            .map(|row| with_attempts(db, crate::store::OutboxKind::Forward, row.id, row))
+            .collect::<Result<_, _>>()?,
     }))
 }
 
@@ -629,8 +684,9 @@ struct NoticeQuery {
     notice: Option<String>,
 }
 
-/// The notices an action's redirect may carry: a code the page turns into its sentence, so
-/// that a link cannot make the console say anything else.
+/// The notices an action's redirect may carry: a code the page turns into its sentence, signed
+/// by the session (see [`Session::signed_notice`]), so that a link from elsewhere cannot make
+/// the console say anything, not even one of its own sentences.
 fn notice_text(code: Option<&str>) -> Option<String> {
     let code = code?;
     let (what, id) = code.split_once(':').unwrap_or((code, ""));
@@ -660,7 +716,7 @@ async fn order(
     path: web::Path<String>,
     query: Option<web::Query<NoticeQuery>>,
 ) -> HttpResponse {
-    let session = match viewer(&state, &req) {
+    let session = match viewer(&state, &req).await {
         Ok(session) => session,
         Err(answer) => return *answer,
     };
@@ -681,7 +737,8 @@ async fn order(
         }
         Err(answer) => return *answer,
     };
-    let notice = query.and_then(|q| notice_text(q.notice.as_deref()));
+    let notice =
+        query.and_then(|q| notice_text(q.notice.as_deref().and_then(|n| session.notice_code(n))));
     let transitions: Vec<Value> = story
         .transitions
         .iter()
@@ -741,7 +798,7 @@ async fn set_status(
     path: web::Path<String>,
     form: web::Form<StatusForm>,
 ) -> HttpResponse {
-    let session = match actor(&state, &req, &form.csrf) {
+    let session = match actor(&state, &req, &form.csrf).await {
         Ok(session) => session,
         Err(refused) => return *refused,
     };
@@ -786,7 +843,11 @@ async fn set_status(
                 operator = %crate::domain::text::Escaped(&session.operator),
                 "console: an operator set an order's status"
             );
-            see_other(format!("{}?notice=status-set:0", order_href(&order_id)))
+            see_other(format!(
+                "{}?notice={}",
+                order_href(&order_id),
+                session.signed_notice("status-set:0")
+            ))
         }
         Ok(Err(SetStatusError::Store(e))) => {
             tracing::error!(error = %ErrorChain(&e), "console: set-status failed");
@@ -812,7 +873,7 @@ async fn outbox(
     req: HttpRequest,
     query: Option<web::Query<NoticeQuery>>,
 ) -> HttpResponse {
-    let session = match viewer(&state, &req) {
+    let session = match viewer(&state, &req).await {
         Ok(session) => session,
         Err(answer) => return *answer,
     };
@@ -850,7 +911,8 @@ async fn outbox(
         .iter()
         .map(|row| with_order(serde_json::to_value(row).unwrap_or_default()))
         .collect();
-    let notice = query.and_then(|q| notice_text(q.notice.as_deref()));
+    let notice =
+        query.and_then(|q| notice_text(q.notice.as_deref().and_then(|n| session.notice_code(n))));
     signed_in(
         StatusCode::OK,
         "outbox.html",
@@ -867,7 +929,7 @@ async fn outbox_action(
     path: web::Path<(String, i64, String)>,
     form: web::Form<CsrfForm>,
 ) -> HttpResponse {
-    let session = match actor(&state, &req, &form.csrf) {
+    let session = match actor(&state, &req, &form.csrf).await {
         Ok(session) => session,
         Err(refused) => return *refused,
     };
@@ -935,7 +997,10 @@ async fn outbox_action(
             )
         }
     };
-    see_other(format!("/console/outbox?notice={outbox}-{code}:{id}"))
+    see_other(format!(
+        "/console/outbox?notice={}",
+        session.signed_notice(&format!("{outbox}-{code}:{id}"))
+    ))
 }
 
 /// What an outbox action did.

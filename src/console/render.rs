@@ -80,7 +80,7 @@ fn environment() -> &'static Environment<'static> {
 }
 
 /// A page with the console's headers: its policy, no caching (pages show customers' data), no
-/// sniffing, no referrer (URLs carry order ids).
+/// sniffing, no referrer to other sites (URLs carry order ids).
 pub fn page(status: StatusCode, template: &str, context: Value) -> HttpResponse {
     match environment()
         .get_template(template)
@@ -104,7 +104,9 @@ pub fn with_headers(mut builder: actix_web::HttpResponseBuilder) -> actix_web::H
         .insert_header((header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY))
         .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
         .insert_header((header::CACHE_CONTROL, "no-store"))
-        .insert_header((header::REFERRER_POLICY, "no-referrer"))
+        // same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with
+        // its form posts, which the origin check must refuse.
+        .insert_header((header::REFERRER_POLICY, "same-origin"))
         .insert_header((header::X_FRAME_OPTIONS, "DENY"));
     builder
 }

@@ -31,6 +31,32 @@ pub struct Session {
     pub operator: String,
     /// What this session's forms must send back.
     pub csrf: String,
+    /// Hex SHA-256 of the cookie's value: what a logout records (`console_logouts`).
+    pub id: String,
+    /// When it ends by itself, in Unix seconds.
+    pub expires_unix: i64,
+}
+
+impl Session {
+    /// `code` with a tag that only this session can make: a notice a redirect carries in its
+    /// URL, which a link from elsewhere cannot forge.
+    pub fn signed_notice(&self, code: &str) -> String {
+        format!("{code}.{}", self.notice_tag(code))
+    }
+
+    /// The code of a notice this session signed; `None` for any other text.
+    pub fn notice_code<'a>(&self, signed: &'a str) -> Option<&'a str> {
+        let (code, tag) = signed.rsplit_once('.')?;
+        bool::from(self.notice_tag(code).as_bytes().ct_eq(tag.as_bytes())).then_some(code)
+    }
+
+    fn notice_tag(&self, code: &str) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(self.csrf.as_bytes())
+            .expect("HMAC takes a key of any length");
+        mac.update(b"notice\0");
+        mac.update(code.as_bytes());
+        hex::encode(&mac.finalize().into_bytes()[..12])
+    }
 }
 
 fn mac(token: &ApiToken, parts: &[&str]) -> Hmac<Sha256> {
@@ -81,6 +107,8 @@ pub fn check(tokens: &[ApiToken], value: &str, now_unix: i64) -> Option<Session>
             session = Some(Session {
                 operator: token.name.clone(),
                 csrf: hex::encode(mac(token, &["csrf", value]).finalize().into_bytes()),
+                id: hex::encode(<Sha256 as sha2::Digest>::digest(value.as_bytes())),
+                expires_unix: issued_at + LIFETIME_SECS,
             });
         }
     }
@@ -201,5 +229,14 @@ mod tests {
         );
         assert!(csrf_matches(&session, &session.csrf.clone()));
         assert!(!csrf_matches(&session, &other.csrf));
+        assert_eq!(session.expires_unix, 1_000 + LIFETIME_SECS);
+        assert_ne!(session.id, other.id);
+        let notice = session.signed_notice("email-skipped:5");
+        assert_eq!(session.notice_code(&notice), Some("email-skipped:5"));
+        assert_eq!(other.notice_code(&notice), None, "another session's");
+        assert_eq!(
+            session.notice_code("email-skipped:5.0123456789abcdef01234567"),
+            None
+        );
     }
 }

@@ -911,18 +911,22 @@ async fn recording_endpoint(
     let recorded = arrivals.clone();
     let server = HttpServer::new(move || {
         let (recorded, answer) = (recorded.clone(), answer.clone());
-        App::new().default_service(web::to(move || {
-            let n = {
-                let mut arrivals = recorded.lock().unwrap();
-                arrivals.push(std::time::Instant::now());
-                arrivals.len() - 1
-            };
-            let (status, delay) = answer(n);
-            async move {
-                actix_web::rt::time::sleep(delay).await;
-                HttpResponse::build(status).finish()
-            }
-        }))
+        // Bench reads a server's /metrics before and after its load: not a delivery, and not
+        // this endpoint's (it answers 404, as a server other than sekali would).
+        App::new()
+            .route("/metrics", web::get().to(HttpResponse::NotFound))
+            .default_service(web::to(move || {
+                let n = {
+                    let mut arrivals = recorded.lock().unwrap();
+                    arrivals.push(std::time::Instant::now());
+                    arrivals.len() - 1
+                };
+                let (status, delay) = answer(n);
+                async move {
+                    actix_web::rt::time::sleep(delay).await;
+                    HttpResponse::build(status).finish()
+                }
+            }))
     })
     .workers(1)
     .bind("127.0.0.1:0")

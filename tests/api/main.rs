@@ -6,6 +6,7 @@ mod cli;
 mod bench_safety;
 mod changes;
 mod concurrency;
+mod console;
 mod environment;
 mod forward;
 mod helpers;
