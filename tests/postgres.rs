@@ -1712,3 +1712,96 @@ fn two_instances_purge_the_same_database_while_both_take_deliveries() {
     );
     eprintln!("{EVENTS} expired ids purged by two instances at once: {purged_by:?}");
 }
+
+/// The console on two instances of one database: a login on one is a session on the other
+/// (nothing kept per instance), an action through the other is applied once, and a logout on
+/// either ends the session on both, even for a copy of its cookie.
+#[test]
+fn a_console_session_from_one_instance_works_on_the_other_until_it_logs_out() {
+    let Some(cluster) = shared_cluster() else {
+        return;
+    };
+    let database = cluster.fresh_database();
+    let url = cluster.url(&database);
+    let env: Vec<(&str, &str)> = helpers::PROVIDER_ENV
+        .iter()
+        .copied()
+        .chain([("SEKALI_CONSOLE_TOKENS", "ops-ana:console-token-1")])
+        .collect();
+    let start = || ServeProcess::start_on(Some(Path::new(&url)), &env, "warn", &["--no-relay"]);
+    let (a, b) = (start(), start());
+    let bodies = helpers::distinct_succeeded_bodies("console", 1);
+    assert_eq!(deliver(&agent(), a.port, &bodies[0]).0, 200);
+
+    // A browser-like client: no redirects followed, the cookie sent by hand.
+    let client = ureq::AgentBuilder::new().redirects(0).build();
+    let answer = |request: ureq::Request, form: Option<&[(&str, &str)]>| match match form {
+        Some(form) => request.send_form(form),
+        None => request.call(),
+    } {
+        Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+        Err(e) => panic!("{e}"),
+    };
+    let at = |port: u16, path: &str| format!("http://127.0.0.1:{port}{path}");
+    let login = answer(
+        client.post(&at(a.port, "/console/login")),
+        Some(&[("token", "console-token-1")]),
+    );
+    assert_eq!(login.status(), 303);
+    let cookie = login
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next())
+        .unwrap()
+        .to_owned();
+    let page = |port: u16, path: &str| {
+        let response = answer(client.get(&at(port, path)).set("Cookie", &cookie), None);
+        (response.status(), response.into_string().unwrap())
+    };
+    let (status, order_page) = page(b.port, "/console/orders/ord_console_00");
+    assert_eq!(status, 200, "the session from A, on B: {order_page}");
+    let csrf = order_page
+        .split(r#"name="csrf" value=""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let set = answer(
+        client
+            .post(&at(b.port, "/console/orders/ord_console_00/status"))
+            .set("Cookie", &cookie),
+        Some(&[
+            ("csrf", csrf.as_str()),
+            ("status", "needs_review"),
+            ("reason", "the customer called"),
+        ]),
+    );
+    assert_eq!(set.status(), 303, "a set-status through B");
+    assert_eq!(
+        count(
+            cluster,
+            &database,
+            "SELECT count(*) FROM order_transitions WHERE actor = 'ops-ana' \
+             AND reason = 'the customer called'"
+        ),
+        1
+    );
+
+    let logout = answer(
+        client
+            .post(&at(b.port, "/console/logout"))
+            .set("Cookie", &cookie),
+        Some(&[("csrf", csrf.as_str())]),
+    );
+    assert_eq!(logout.status(), 303);
+    for port in [a.port, b.port] {
+        let (status, _) = page(port, "/console/orders/ord_console_00");
+        assert_eq!(
+            status, 303,
+            "the copy of the cookie after the logout, on {port}"
+        );
+    }
+    for server in [a, b] {
+        let (status, logs) = server.stop();
+        assert!(status.success(), "{logs}");
+    }
+}
