@@ -189,8 +189,72 @@ pub struct Metrics {
     purge_deleted: Family<TableLabel, Counter>,
     /// The configured providers' names, in the registry's order.
     providers: Vec<String>,
+    /// Refusals per minute, for the console's "last hour".
+    recent_refusals: RecentRefusals,
     /// When this process's counters started.
     started: std::time::SystemTime,
+}
+
+/// Refusals counted per minute over the last hour, by provider and reason: what the console's
+/// overview shows without a Prometheus to compute rates. Refusals are the rare path (a flood of
+/// them takes this lock briefly each), so deliveries that are answered 2xx never touch it.
+#[derive(Debug, Default)]
+struct RecentRefusals(
+    std::sync::Mutex<std::collections::VecDeque<(i64, String, &'static str, u64)>>,
+);
+
+impl RecentRefusals {
+    const MINUTES: i64 = 60;
+
+    /// One refusal of `provider` for `reason` in `minute` (minutes since the epoch).
+    fn add(&self, minute: i64, provider: &str, reason: &'static str) {
+        let mut recent = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        while recent
+            .front()
+            .is_some_and(|(m, ..)| *m <= minute - Self::MINUTES)
+        {
+            recent.pop_front();
+        }
+        match recent
+            .iter_mut()
+            .rev()
+            .take_while(|(m, ..)| *m == minute)
+            .find(|(_, p, r, _)| p == provider && *r == reason)
+        {
+            Some((.., count)) => *count += 1,
+            None => recent.push_back((minute, provider.to_owned(), reason, 1)),
+        }
+    }
+
+    /// The refusals of the hour up to `minute`, by provider and reason.
+    fn last_hour(&self, minute: i64) -> Vec<Tally> {
+        let recent = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tallies: Vec<Tally> = Vec::new();
+        for (_, provider, reason, count) in
+            recent.iter().filter(|(m, ..)| *m > minute - Self::MINUTES)
+        {
+            match tallies
+                .iter_mut()
+                .find(|t| &t.provider == provider && t.what == *reason)
+            {
+                Some(tally) => tally.count += count,
+                None => tallies.push(Tally {
+                    provider: provider.clone(),
+                    what: reason,
+                    count: *count,
+                }),
+            }
+        }
+        tallies.sort_by(|a, b| (&a.provider, a.what).cmp(&(&b.provider, b.what)));
+        tallies
+    }
+}
+
+/// Minutes since the epoch, now.
+fn this_minute() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| (d.as_secs() / 60) as i64)
 }
 
 /// One counter of [`SinceStart`]: a provider's deliveries with one outcome or refusal reason.
@@ -210,6 +274,8 @@ pub struct SinceStart {
     pub answered: Vec<Tally>,
     /// Every refusal reason of every provider, zeros included.
     pub refusals: Vec<Tally>,
+    /// The refusals of the last hour (this process's), by provider and reason, those with any.
+    pub refusals_last_hour: Vec<Tally>,
 }
 
 /// The transports a relay sends through, as the `transport` label: the email relay's three, and
@@ -412,6 +478,7 @@ impl Metrics {
         }
         Metrics {
             providers,
+            recent_refusals: RecentRefusals::default(),
             started: std::time::SystemTime::now(),
             registry,
             deliveries,
@@ -466,10 +533,14 @@ impl Metrics {
                 provider: provider.clone(),
                 outcome: outcome.as_str().to_owned(),
             }),
-            Err(reason) => self.refusals.get_or_create(&ProviderReason {
-                provider: provider.clone(),
-                reason: reason.as_str().to_owned(),
-            }),
+            Err(reason) => {
+                self.recent_refusals
+                    .add(this_minute(), &provider, reason.as_str());
+                self.refusals.get_or_create(&ProviderReason {
+                    provider: provider.clone(),
+                    reason: reason.as_str().to_owned(),
+                })
+            }
         }
         .inc();
         self.responses
@@ -522,6 +593,7 @@ impl Metrics {
             started: self.started,
             answered,
             refusals,
+            refusals_last_hour: self.recent_refusals.last_hour(this_minute()),
         }
     }
 
@@ -615,5 +687,49 @@ impl Collector for WriterCollector {
         )?;
         queued.encode(metric)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn refusals_of_the_last_hour_are_summed_by_provider_and_reason_and_older_ones_dropped() {
+        let recent = super::RecentRefusals::default();
+        recent.add(100, "stripe", "unauthorized");
+        recent.add(100, "stripe", "unauthorized");
+        recent.add(130, "midtrans", "malformed");
+        recent.add(159, "stripe", "unauthorized");
+        let tally = |minute| -> Vec<(String, &str, u64)> {
+            recent
+                .last_hour(minute)
+                .into_iter()
+                .map(|t| (t.provider, t.what, t.count))
+                .collect()
+        };
+        assert_eq!(
+            tally(159),
+            [
+                ("midtrans".into(), "malformed", 1),
+                ("stripe".into(), "unauthorized", 3)
+            ]
+        );
+        assert_eq!(
+            tally(160),
+            [
+                ("midtrans".into(), "malformed", 1),
+                ("stripe".into(), "unauthorized", 1)
+            ],
+            "minute 100 is an hour old at 160"
+        );
+        recent.add(200, "stripe", "too_large");
+        assert_eq!(
+            tally(200),
+            [
+                ("stripe".into(), "too_large", 1),
+                ("stripe".into(), "unauthorized", 1)
+            ],
+            "minute 130 dropped"
+        );
+        assert_eq!(tally(259), [("stripe".into(), "too_large", 1)]);
     }
 }

@@ -413,6 +413,11 @@ async fn overview(state: web::Data<AppState>, req: HttpRequest) -> HttpResponse 
             deliveries => deliveries,
             answered => tallies.answered.iter().map(|t| tally(t, "outcome")).collect::<Vec<_>>(),
             refusals => tallies.refusals.iter().map(|t| tally(t, "reason")).collect::<Vec<_>>(),
+            recent_refusals => tallies
+                .refusals_last_hour
+                .iter()
+                .map(|t| tally(t, "reason"))
+                .collect::<Vec<_>>(),
             started => humantime::format_rfc3339_seconds(tallies.started).to_string(),
             outboxes => outboxes,
             writer => Value::from_serialize(state.store.stats().writer),

@@ -288,11 +288,17 @@ def run(cfg, c):
     c.log_in(cfg["token"])
     check(c.path() == "/console", f"logged in, at the overview: {c.path()}")
     check(c.text("h1").strip() == "Overview", "<h1>Overview</h1>")
-    for table in ["table#deliveries", "table#refusals", "table#outboxes", "#writer"]:
+    for table in ["table#deliveries", "table#recent-refusals", "table#refusals", "table#outboxes", "#writer"]:
         c.one(table)
-    deliveries, refusals, outboxes = c.text("#deliveries"), c.text("#refusals"), c.text("#outboxes")
+    deliveries, outboxes = c.text("#deliveries"), c.text("#outboxes")
     check("stripe" in deliveries and "processed" in deliveries, f"#deliveries: {deliveries!r}")
-    check("stripe" in refusals and "unauthorized" in refusals, f"#refusals: {refusals!r}")
+    # The one forged delivery, and only it: the last hour's table lists refusals that happened.
+    recent = [[td.get_attribute("textContent").strip() for td in r.find_elements(By.TAG_NAME, "td")]
+              for r in c.data_rows("table#recent-refusals")]
+    check(recent == [["stripe", "unauthorized", "1"]], f"#recent-refusals: {recent!r}")
+    since_start = [[td.get_attribute("textContent").strip() for td in r.find_elements(By.TAG_NAME, "td")]
+                   for r in c.data_rows("table#refusals")]
+    check(["stripe", "unauthorized", "1"] in since_start, f"#refusals: {since_start!r}")
     check("email" in outboxes and "forward" in outboxes, f"#outboxes: {outboxes!r}")
     c.logged_in_page("overview")
     c.shot("overview")
