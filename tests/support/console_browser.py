@@ -39,13 +39,30 @@ from html import escape
 from urllib.parse import quote, unquote, urlsplit
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import (
+    StaleElementReferenceException,
+    TimeoutException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 WAIT = 10  # seconds, for a page to load after a click
+
+
+def gone(element):
+    """A wait condition: `element` is no longer in the document (the page it was on has been
+    replaced). selenium's staleness_of, except that Chrome, asked about a node while its page is
+    being replaced, sometimes answers "Node with given id does not belong to the document", a
+    WebDriverException rather than a StaleElementReferenceException: that means gone too."""
+    def check(_driver):
+        try:
+            element.is_enabled()
+            return False
+        except (StaleElementReferenceException, WebDriverException):
+            return True
+    return check
 
 
 class Failed(Exception):
@@ -154,7 +171,7 @@ class Console:
         )
         button.click()
         try:
-            WebDriverWait(self.driver, WAIT).until(EC.staleness_of(html))
+            WebDriverWait(self.driver, WAIT).until(gone(html))
         except TimeoutException:
             raise Failed("submitting the form loaded no new page")
         self.collect_logs()
@@ -324,7 +341,7 @@ def run(cfg, c):
           f"the event link: {link.get_attribute('href')}")
     html = c.driver.find_element(By.TAG_NAME, "html")
     link.click()
-    WebDriverWait(c.driver, WAIT).until(EC.staleness_of(html))
+    WebDriverWait(c.driver, WAIT).until(gone(html))
     check(unquote(c.bare_path()) == unquote(expected), f"at {expected}: {c.path()}")
     check(story["event_id"] in c.text("h1"), "the event id in <h1>")
     payload = c.text("pre#payload")
