@@ -111,10 +111,10 @@ async fn handle(
 
 /// The request headers kept with a stored event for an operator to look at (the console shows
 /// them): only these, none that a provider signs or authenticates with (`Stripe-Signature`,
-/// `webhook-signature`, Xendit's `x-callback-token`), each value cut to 512 characters.
-pub const KEPT_HEADERS: [&str; 10] = [
+/// `webhook-signature`, Xendit's `x-callback-token`), each value cut to 512 characters; not
+/// `content-length` either, which the stored body says.
+pub const KEPT_HEADERS: [&str; 9] = [
     "content-type",
-    "content-length",
     "user-agent",
     "webhook-id",
     "webhook-timestamp",
