@@ -598,15 +598,29 @@ async fn event(
         Err(answer) => return *answer,
     };
     let (provider, event_id) = path.into_inner();
+    // The event, and what it did: the changes of its order that name it.
     let found = {
         let event_id = event_id.clone();
         with_db(&state, false, move |db| {
-            db.find_events(&event_id, Some(&provider))
+            let mut found = db.find_events(&event_id, Some(&provider))?;
+            if found.is_empty() {
+                return Ok(None);
+            }
+            let event = found.remove(0);
+            let changes = match &event.summary.order_id {
+                Some(order_id) => db
+                    .transitions(order_id)?
+                    .into_iter()
+                    .filter(|t| t.provider == provider && t.event_id == event_id)
+                    .collect(),
+                None => Vec::new(),
+            };
+            Ok(Some((event, changes)))
         })
         .await
     };
-    let event = match found {
-        Ok(mut found) if !found.is_empty() => found.remove(0),
+    let (event, changes) = match found {
+        Ok(Some(found)) => found,
         Ok(_) => {
             return problem(
                 StatusCode::NOT_FOUND,
@@ -629,6 +643,7 @@ async fn event(
         context! {
             event => Value::from_serialize(&event),
             order_href => order_link,
+            changes => Value::from_serialize(&changes),
         },
     )
 }

@@ -352,6 +352,10 @@ def run(cfg, c):
         c.driver.execute_script("return document.getElementById('payload').children.length") == 0,
         "the payload's <pre> holds only text",
     )
+    # What it did: the change of its order it made (the API's pending order, now paid).
+    changes = [[td.get_attribute("textContent").strip() for td in r.find_elements(By.TAG_NAME, "td")]
+               for r in c.data_rows("table#changes")]
+    check(len(changes) == 1 and changes[0][1:3] == ["pending", "paid"], f"what the event did: {changes!r}")
     # The headers it came with that are no secret: the content type, never the signature.
     headers = json.loads(c.text("pre#headers"))
     check(headers.get("content-type") == "application/json", f"the headers kept: {headers!r}")
