@@ -533,17 +533,18 @@ fn sekali_json_lines(args: &[&str]) -> Vec<Value> {
 
 /// The outbox rows (`sekali outbox list --json`) by id.
 fn outbox_rows(db: &Database) -> HashMap<i64, Value> {
-    let db = db.arg();
-    let rows = sekali_json_lines(&["outbox", "list", "--db", &db, "--limit", "1000", "--json"]);
-    rows.into_iter()
-        .map(|r| (r["id"].as_i64().unwrap(), r))
-        .collect()
+    rows_by_id(db, "outbox")
 }
 
 /// The forwarding rows (`sekali forward list --json`) by id.
 fn forward_rows(db: &Database) -> HashMap<i64, Value> {
+    rows_by_id(db, "forward")
+}
+
+/// `sekali {command} list --json` (outbox, forward): every row, by id.
+fn rows_by_id(db: &Database, command: &str) -> HashMap<i64, Value> {
     let db = db.arg();
-    let rows = sekali_json_lines(&["forward", "list", "--db", &db, "--limit", "1000", "--json"]);
+    let rows = sekali_json_lines(&[command, "list", "--db", &db, "--limit", "1000", "--json"]);
     rows.into_iter()
         .map(|r| (r["id"].as_i64().unwrap(), r))
         .collect()

@@ -109,21 +109,6 @@ async fn a_full_disk_answers_503_writes_nothing_half_and_recovers_when_space_ret
     }
 }
 
-/// `GET /healthz`: its status code and body.
-async fn healthz(app: &TestApp) -> (u16, serde_json::Value) {
-    let mut response = app
-        .client
-        .get(format!("{}/healthz", app.address))
-        .send()
-        .await
-        .unwrap();
-    let body = response.body().await.unwrap();
-    (
-        response.status().as_u16(),
-        serde_json::from_slice(&body).unwrap(),
-    )
-}
-
 /// A `sqlite3` shell holding a write transaction on `db` until dropped.
 struct Sqlite3Shell {
     child: std::process::Child,
@@ -181,7 +166,7 @@ async fn a_sqlite3_shell_holding_the_write_lock_gets_deliveries_a_503_never_a_fa
         );
     }
     // A load balancer asking now is told to send deliveries elsewhere, and why.
-    let (status, health) = healthz(&app).await;
+    let (status, health) = app.healthz().await;
     assert_eq!(status, 503, "{health}");
     assert_eq!(health["status"], "unavailable");
     assert_eq!(health["components"]["database"]["status"], "unavailable");
@@ -198,7 +183,7 @@ async fn a_sqlite3_shell_holding_the_write_lock_gets_deliveries_a_503_never_a_fa
         .unwrap();
     assert_eq!(app.row_counts(), (0, 0, 0));
     app.clock.advance(Duration::from_secs(2)); // past the reuse of the last probe's result
-    let (status, health) = healthz(&app).await;
+    let (status, health) = app.healthz().await;
     assert_eq!(
         (status, &health["status"]),
         (200, &serde_json::json!("ok")),

@@ -468,6 +468,21 @@ impl Answer {
 }
 
 impl TestApp {
+    /// `GET /healthz`: its status code and its JSON body.
+    pub async fn healthz(&self) -> (u16, serde_json::Value) {
+        let mut response = self
+            .client
+            .get(format!("{}/healthz", self.address))
+            .send()
+            .await
+            .unwrap();
+        let body = response.body().await.unwrap();
+        (
+            response.status().as_u16(),
+            serde_json::from_slice(&body).unwrap(),
+        )
+    }
+
     pub async fn post(&self, path: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Answer {
         let mut request = self
             .client

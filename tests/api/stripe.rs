@@ -350,14 +350,8 @@ async fn a_provider_without_a_secret_answers_404_not_configured() {
 #[actix_web::test]
 async fn healthz_reports_a_working_database() {
     let app = spawn_app().await;
-    let mut response = app
-        .client
-        .get(format!("{}/healthz", app.address))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
-    let body: serde_json::Value = serde_json::from_slice(&response.body().await.unwrap()).unwrap();
+    let (status, body) = app.healthz().await;
+    assert_eq!(status, 200);
     assert_eq!(body["status"], "ok");
     assert_eq!(body["writer_reopens"], 0);
     // Nothing written yet: the schema's own transaction is not the writer's, and the write
@@ -393,18 +387,8 @@ async fn healthz_says_which_outbox_is_behind_without_failing_the_instance() {
     let app = spawn_app().await;
     app.deliver_stripe("payment_intent.succeeded").await;
     app.clock.advance(std::time::Duration::from_secs(6 * 60));
-    let mut response = app
-        .client
-        .get(format!("{}/healthz", app.address))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        response.status().as_u16(),
-        200,
-        "an email backlog is not an outage"
-    );
-    let body: serde_json::Value = serde_json::from_slice(&response.body().await.unwrap()).unwrap();
+    let (status, body) = app.healthz().await;
+    assert_eq!(status, 200, "an email backlog is not an outage");
     let email = &body["components"]["outbox_email"];
     assert_eq!(email["status"], "behind", "{body}");
     assert_eq!(email["pending"], 1);
