@@ -420,6 +420,7 @@ impl Application {
             // Absent, not `providers=` with nothing after it, when no provider has a word to say.
             providers = (!described.is_empty()).then(|| tracing::field::display(described.join("; "))),
             orders_api = !settings.api_tokens.is_empty(),
+            console = !settings.console_tokens.is_empty(),
             relay = relay.is_some(),
             forwarding = forwarder.is_some(),
             max_connections = gauge.limit(),

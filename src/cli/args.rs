@@ -75,6 +75,11 @@ fn serve_environment() -> String {
             "name:token pairs, comma-separated, for the orders API (unset: it is off)".to_owned(),
         ),
         (
+            config::ENV_CONSOLE_TOKENS,
+            "name:token pairs for the operator console at /console (unset: the API's; neither: off)"
+                .to_owned(),
+        ),
+        (
             crate::forward::ENV_URL,
             "forward every order change to the shop's endpoint, http(s)://... (unset: off)"
                 .to_owned(),

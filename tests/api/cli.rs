@@ -531,6 +531,10 @@ fn the_listening_line_names_the_urls_to_register_and_whether_the_orders_api_is_o
         "{line}"
     );
     assert!(line.contains("orders_api=true"), "{line}");
+    assert!(
+        line.contains("console=true"),
+        "the API's tokens log in to the console too: {line}"
+    );
     assert!(line.contains("midtrans: status check off"), "{line}");
 }
 
