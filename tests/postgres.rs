@@ -1805,3 +1805,126 @@ fn a_console_session_from_one_instance_works_on_the_other_until_it_logs_out() {
         assert!(status.success(), "{logs}");
     }
 }
+
+/// A private CA and a server certificate it signed for 127.0.0.1 and localhost: (CA PEM,
+/// server certificate PEM, server key PEM).
+fn test_certificates() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "sekali test CA");
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &ca, &ca_key)
+        .unwrap();
+    (ca.pem(), server.pem(), server_key.serialize_pem())
+}
+
+/// `sslmode=require`: sekali's connections to the server are encrypted, and it takes deliveries;
+/// the server's certificate is verified against `PGSSLROOTCERT` (without it, a private CA's
+/// certificate is refused at startup, naming the problem and no password); libpq's
+/// `verify-full` is read as the same; and without TLS asked for, the connections are plain.
+#[test]
+fn with_sslmode_require_every_connection_is_tls_to_a_verified_server() {
+    if shared_cluster().is_none() {
+        return;
+    }
+    let (ca_pem, cert_pem, key_pem) = test_certificates();
+    let cluster = Cluster::start_with_tls(&cert_pem, &key_pem).expect("PostgreSQL is installed");
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    let ca_path = ca_file.to_str().unwrap();
+    let database = cluster.fresh_database();
+    let url = |mode: &str| {
+        format!(
+            "postgres://postgres:s3cret-pw@127.0.0.1:{}/{database}?sslmode={mode}",
+            cluster.port()
+        )
+    };
+    let env_with = |extra: &[(&'static str, &str)]| -> Vec<(&str, String)> {
+        helpers::PROVIDER_ENV
+            .iter()
+            .map(|(k, v)| (*k, (*v).to_owned()))
+            .chain(extra.iter().map(|(k, v)| (*k, (*v).to_owned())))
+            .collect()
+    };
+    let encrypted = "SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl) \
+                     FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                     WHERE a.application_name = 'sekali'";
+
+    for mode in ["require", "verify-full"] {
+        let env = env_with(&[("PGSSLROOTCERT", ca_path)]);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let server =
+            ServeProcess::start_on(Some(Path::new(&url(mode))), &env, "warn", &["--no-relay"]);
+        let bodies = helpers::distinct_succeeded_bodies(&format!("tls_{}", mode.len()), 3);
+        for body in &bodies {
+            assert_eq!(
+                deliver(&agent(), server.port, body).0,
+                200,
+                "sslmode={mode}"
+            );
+        }
+        let counts = cluster.psql(&database, encrypted);
+        let (tls, plain) = counts.trim().split_once('|').unwrap();
+        assert!(tls.parse::<u32>().unwrap() > 0, "sslmode={mode}: {counts}");
+        assert_eq!(plain, "0", "sslmode={mode}: a plain connection: {counts}");
+        let (status, logs) = server.stop();
+        assert!(status.success(), "{logs}");
+    }
+
+    // A certificate of a CA sekali was not told of: refused before anything is served.
+    let env = env_with(&[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let message = refused(&url("require"), &env);
+    assert!(
+        message.contains("cannot connect to the database"),
+        "{message}"
+    );
+    assert!(message.to_lowercase().contains("certificate"), "{message}");
+    assert!(!message.contains("s3cret-pw"), "{message}");
+    // A PGSSLROOTCERT that is not there, or not certificates: refused, naming it.
+    let missing = dir.path().join("no-such-ca.pem");
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    for (file, says) in [
+        (&missing, "cannot be read"),
+        (&not_pem, "holds no certificate"),
+    ] {
+        let message = refused(
+            &url("require"),
+            &[("PGSSLROOTCERT", file.to_str().unwrap())],
+        );
+        assert!(
+            message.contains(&format!("PGSSLROOTCERT={}: {says}", file.display())),
+            "{message}"
+        );
+    }
+
+    // Without TLS asked for, the same server is used in the clear, as before.
+    let server = ServeProcess::start_on(
+        Some(Path::new(&url("prefer"))),
+        helpers::PROVIDER_ENV,
+        "warn",
+        &["--no-relay"],
+    );
+    assert_eq!(
+        deliver(
+            &agent(),
+            server.port,
+            &helpers::distinct_succeeded_bodies("tls_plain", 1)[0]
+        )
+        .0,
+        200
+    );
+    let counts = cluster.psql(&database, encrypted);
+    assert!(counts.trim().starts_with("0|"), "prefer: {counts}");
+    let (status, logs) = server.stop();
+    assert!(status.success(), "{logs}");
+    cluster.stop();
+}

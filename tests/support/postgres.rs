@@ -123,6 +123,30 @@ impl Cluster {
         Some(pg)
     }
 
+    /// Like [`start`](Self::start), with TLS: `ssl = on` with the server certificate
+    /// `cert_pem` and its key `key_pem` (the key readable by the server's user only, as
+    /// PostgreSQL demands). Connections over TCP may then use TLS; the socket stays plain.
+    pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> Option<Cluster> {
+        use std::os::unix::fs::PermissionsExt;
+        let mut pg = Cluster::create(bindir_or_skip()?);
+        pg.initdb();
+        let (cert, key) = (pg.data.join("server.crt"), pg.data.join("server.key"));
+        fs::write(&cert, cert_pem).expect("write the server certificate");
+        fs::write(&key, key_pem).expect("write the server key");
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).expect("chmod the key");
+        if pg.as_postgres {
+            pg.run(Command::new("chown").arg("postgres:").arg(&cert).arg(&key));
+        }
+        pg.append_conf(
+            "postgresql.conf",
+            "\n# TLS (tests/support/postgres.rs, Cluster::start_with_tls)\n\
+             ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n",
+        );
+        pg.start_server();
+        pg.spawn_watchdog();
+        Some(pg)
+    }
+
     /// A streaming replica of this primary (from [`start_primary`](Self::start_primary)), made
     /// synchronous: it returns once the primary's `pg_stat_replication` shows `standby1` as
     /// `sync`, so from then on every commit on the primary (synchronous_commit = on) waits until

@@ -6,13 +6,20 @@
 //! after a failover sekali reconnects to the promoted standby by itself. A password comes from
 //! the URL or, as with libpq, from `PGPASSWORD`; it is never printed: a [`Target`] shows as its
 //! hosts, port, user and database only.
+//!
+//! TLS: `sslmode=require` (or libpq's `verify-ca` and `verify-full`) connects over TLS (rustls)
+//! and always verifies the server's certificate and its name, as libpq's `verify-full` does:
+//! against the CA file `PGSSLROOTCERT` names, as with libpq, else the Mozilla roots (a
+//! provider-issued certificate). `prefer` (the default) and `disable` connect without TLS, as
+//! sekali did before it had TLS: over a unix socket or a private network.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
 use postgres::config::{Host, SslMode};
-use postgres::{Client, NoTls};
+use postgres::Client;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::store::StoreError;
 
@@ -23,16 +30,27 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// it fails: SQLite's busy timeout, so that both engines answer a stuck lock alike.
 pub const LOCK_TIMEOUT: Duration = crate::store::sqlite::DEFAULT_BUSY_TIMEOUT;
 
+/// libpq's variable naming the CA certificates a server's certificate is checked against.
+pub const ENV_ROOT_CERT: &str = "PGSSLROOTCERT";
+
 /// A PostgreSQL database named by a URL.
 #[derive(Clone)]
 pub struct Target {
     config: postgres::Config,
+    /// The TLS every connection is made with: used only under `sslmode=require`.
+    tls: MakeRustlsConnect,
 }
 
 impl Target {
     /// Reads a `postgres://` (or `postgresql://`) URL; an error names what is wrong with it and
     /// never repeats a password.
     pub fn parse(url: &str) -> Result<Target, StoreError> {
+        // libpq's stricter modes: sekali verifies the certificate and its name under `require`
+        // already, which the driver reads; verify-ca is met by checking more, not less.
+        let url = url
+            .replace("sslmode=verify-full", "sslmode=require")
+            .replace("sslmode=verify-ca", "sslmode=require");
+        let url = url.as_str();
         let mut config = postgres::Config::from_str(url).map_err(|e| {
             StoreError::Unfit(format!(
                 "the database URL {} is not one PostgreSQL accepts: {}",
@@ -46,11 +64,11 @@ impl Target {
                 redact(url)
             )));
         }
-        if config.get_ssl_mode() == SslMode::Require {
-            return Err(StoreError::Unfit(format!(
-                "the database URL {} asks for sslmode=require, but this sekali connects without TLS; connect over a unix socket or a private network (sslmode=disable or prefer)",
-                redact(url)
-            )));
+        let tls = config.get_ssl_mode() == SslMode::Require;
+        if !tls {
+            // `prefer` would try TLS wherever the server offers it, and fail on a certificate
+            // nobody asked to verify (Debian's own clusters offer a self-signed one).
+            config.ssl_mode(SslMode::Disable);
         }
         if config.get_password().is_none() {
             if let Ok(password) = std::env::var("PGPASSWORD") {
@@ -72,13 +90,16 @@ impl Target {
         if config.get_application_name().is_none() {
             config.application_name("sekali");
         }
-        Ok(Target { config })
+        Ok(Target {
+            config,
+            tls: tls_connector(tls)?,
+        })
     }
 
     /// Opens a connection and checks that the server keeps commits on disk before it
     /// acknowledges them and sets what sekali needs of a session (see [`prepare_session`]).
     pub fn connect(&self) -> Result<Client, StoreError> {
-        let mut client = self.config.connect(NoTls).map_err(|e| {
+        let mut client = self.config.connect(self.tls.clone()).map_err(|e| {
             let reason = match e.as_db_error() {
                 Some(db) => format!("{} ({})", db.message(), db.code().code()),
                 None => crate::telemetry::ErrorChain(&e).to_string(),
@@ -97,10 +118,54 @@ impl Target {
         &self.config
     }
 
+    /// The TLS its connections are made with (for the read pool's).
+    pub(super) fn tls(&self) -> MakeRustlsConnect {
+        self.tls.clone()
+    }
+
     /// The database's name, for messages.
     pub fn database(&self) -> &str {
         self.config.get_dbname().unwrap_or("(the user's)")
     }
+}
+
+/// The TLS client: the CAs of `PGSSLROOTCERT` when it is set (and TLS is `used`), else the
+/// Mozilla roots; the server's name always checked. A `PGSSLROOTCERT` that cannot be read, or
+/// holds no certificate, is refused, naming it.
+fn tls_connector(used: bool) -> Result<MakeRustlsConnect, StoreError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    match std::env::var_os(ENV_ROOT_CERT).filter(|v| used && !v.is_empty()) {
+        Some(path) => {
+            let refuse = |why: String| {
+                StoreError::Unfit(format!(
+                    "{ENV_ROOT_CERT}={}: {why}",
+                    crate::domain::text::Escaped(&path.to_string_lossy())
+                ))
+            };
+            let certificates = CertificateDer::pem_file_iter(&path)
+                .map_err(|e| refuse(format!("cannot be read: {e}")))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| refuse(format!("is not PEM certificates: {e}")))?;
+            if certificates.is_empty() {
+                return Err(refuse("holds no certificate".into()));
+            }
+            for certificate in certificates {
+                roots
+                    .add(certificate)
+                    .map_err(|e| refuse(format!("a certificate is not usable: {e}")))?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StoreError::Unfit(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
 }
 
 /// sekali answers 2xx only after COMMIT returns, which promises durability only if the server

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use futures_util::future::BoxFuture;
-use postgres::{Client, NoTls};
+use postgres::Client;
 use r2d2_postgres::PostgresConnectionManager;
 
 use super::writer::{Writer, WriterConfig};
@@ -28,7 +28,7 @@ use crate::store::{
 /// Connections an instance keeps for `/healthz` and the orders API's reads.
 const READ_POOL_SIZE: u32 = 4;
 
-type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+type Pool = r2d2::Pool<PostgresConnectionManager<tokio_postgres_rustls::MakeRustlsConnect>>;
 
 /// The read pool. Its idle connections close when it is dropped, which blocks: on a thread of
 /// its own, since the last handle may go on an async task.
@@ -63,7 +63,7 @@ impl PgStore {
                         .connection_timeout(std::time::Duration::from_secs(5))
                         .build_unchecked(PostgresConnectionManager::new(
                             config.target.config().clone(),
-                            NoTls,
+                            config.target.tls(),
                         ));
                     let writer = Writer::start(config, clock)?;
                     Ok(PgStore {
