@@ -114,6 +114,15 @@ pub(super) fn serve(args: ServeArgs) -> CommandResult {
     let mut settings = Settings::new(args.listen, args.db, providers);
     settings.require_a_provider()?;
     settings.console_tokens = config::console_tokens_from_env(&api_tokens)?;
+    if !settings.console_tokens.is_empty()
+        && std::env::var_os(config::ENV_CONSOLE_TOKENS).is_none_or(|v| v.is_empty())
+    {
+        tracing::warn!(
+            "the operator console (/console) logs in with the orders API's tokens, as {} is not set: every service holding one can set orders' statuses there; give operators tokens of their own in {}",
+            config::ENV_CONSOLE_TOKENS,
+            config::ENV_CONSOLE_TOKENS
+        );
+    }
     settings.api_tokens = api_tokens;
     settings.max_body_bytes = args.max_body_bytes;
     settings.body_timeout = args.body_timeout;

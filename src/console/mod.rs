@@ -212,6 +212,14 @@ async fn with_db<T: Send + 'static>(
     writable: bool,
     work: impl FnOnce(&dyn Maintenance) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, Early> {
+    // Each call opens a connection of its own (on PostgreSQL a server backend): a few at a time,
+    // so that a busy console, or a loop over it, cannot take the connections the webhooks'
+    // writers reconnect with. The others wait their turn.
+    static DB_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+    let _slot = DB_SLOTS
+        .acquire()
+        .await
+        .expect("the semaphore is never closed");
     let location = state.db.clone();
     let result = web::block(move || {
         let db = crate::store::maintenance(&location, writable)?;
@@ -757,8 +765,13 @@ async fn order(
         }
         Err(answer) => return *answer,
     };
-    let notice =
-        query.and_then(|q| notice_text(q.notice.as_deref().and_then(|n| session.notice_code(n))));
+    let notice = query.and_then(|q| {
+        notice_text(
+            q.notice
+                .as_deref()
+                .and_then(|n| session.notice_code(n, &order_href(&order_id))),
+        )
+    });
     let transitions: Vec<Value> = story
         .transitions
         .iter()
@@ -866,7 +879,7 @@ async fn set_status(
             see_other(format!(
                 "{}?notice={}",
                 order_href(&order_id),
-                session.signed_notice("status-set:0")
+                session.signed_notice("status-set:0", &order_href(&order_id))
             ))
         }
         Ok(Err(SetStatusError::Store(e))) => {
@@ -931,8 +944,13 @@ async fn outbox(
         .iter()
         .map(|row| with_order(serde_json::to_value(row).unwrap_or_default()))
         .collect();
-    let notice =
-        query.and_then(|q| notice_text(q.notice.as_deref().and_then(|n| session.notice_code(n))));
+    let notice = query.and_then(|q| {
+        notice_text(
+            q.notice
+                .as_deref()
+                .and_then(|n| session.notice_code(n, "/console/outbox")),
+        )
+    });
     signed_in(
         StatusCode::OK,
         "outbox.html",
@@ -1019,7 +1037,7 @@ async fn outbox_action(
     };
     see_other(format!(
         "/console/outbox?notice={}",
-        session.signed_notice(&format!("{outbox}-{code}:{id}"))
+        session.signed_notice(&format!("{outbox}-{code}:{id}"), "/console/outbox")
     ))
 }
 

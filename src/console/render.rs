@@ -53,13 +53,13 @@ fn inert(
     minijinja::escape_formatter(out, state, &Value::from(text))
 }
 
-/// JSON text pretty-printed for reading, every character of [`escaped_json`] written as a JSON
-/// `\u` escape (the same JSON); text that is not JSON as it came, escaped.
+/// JSON text pretty-printed for reading, reformatted as text (not parsed into values and
+/// written again), so duplicate keys, key order and long numbers show as the provider sent
+/// them; every character of [`escaped_json`] written as a JSON `\u` escape (the same JSON).
+/// Text that is not JSON shows as it came, escaped.
 pub fn pretty_json(text: &str) -> String {
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(value) => {
-            escaped_json(&serde_json::to_string_pretty(&value).unwrap_or_else(|_| text.to_owned()))
-        }
+    match jsonxf::pretty_print(text) {
+        Ok(pretty) => escaped_json(pretty.trim_end()),
         Err(_) => text.to_owned(),
     }
 }
@@ -140,5 +140,14 @@ mod tests {
     fn a_payload_is_pretty_json_with_its_invisible_characters_escaped() {
         let pretty = pretty_json("{\"a\":\"x\u{202e}y\\u001b\"}");
         assert_eq!(pretty, "{\n  \"a\": \"x\\u202ey\\u001b\"\n}");
+    }
+
+    #[test]
+    fn a_payload_keeps_its_duplicate_keys_their_order_and_long_numbers() {
+        let pretty = pretty_json(r#"{"z":1,"amount":1,"amount":100,"n":123456789012345678901234}"#);
+        assert_eq!(
+            pretty,
+            "{\n  \"z\": 1,\n  \"amount\": 1,\n  \"amount\": 100,\n  \"n\": 123456789012345678901234\n}"
+        );
     }
 }

@@ -38,22 +38,26 @@ pub struct Session {
 }
 
 impl Session {
-    /// `code` with a tag that only this session can make: a notice a redirect carries in its
-    /// URL, which a link from elsewhere cannot forge.
-    pub fn signed_notice(&self, code: &str) -> String {
-        format!("{code}.{}", self.notice_tag(code))
+    /// `code` with a tag that only this session can make, for the page at `path`: a notice a
+    /// redirect carries in its URL, which a link from elsewhere cannot forge, and which no other
+    /// page shows.
+    pub fn signed_notice(&self, code: &str, path: &str) -> String {
+        format!("{code}.{}", self.notice_tag(code, path))
     }
 
-    /// The code of a notice this session signed; `None` for any other text.
-    pub fn notice_code<'a>(&self, signed: &'a str) -> Option<&'a str> {
+    /// The code of a notice this session signed for the page at `path`; `None` for any other
+    /// text.
+    pub fn notice_code<'a>(&self, signed: &'a str, path: &str) -> Option<&'a str> {
         let (code, tag) = signed.rsplit_once('.')?;
-        bool::from(self.notice_tag(code).as_bytes().ct_eq(tag.as_bytes())).then_some(code)
+        bool::from(self.notice_tag(code, path).as_bytes().ct_eq(tag.as_bytes())).then_some(code)
     }
 
-    fn notice_tag(&self, code: &str) -> String {
+    fn notice_tag(&self, code: &str, path: &str) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(self.csrf.as_bytes())
             .expect("HMAC takes a key of any length");
         mac.update(b"notice\0");
+        mac.update(path.as_bytes());
+        mac.update(b"\0");
         mac.update(code.as_bytes());
         hex::encode(&mac.finalize().into_bytes()[..12])
     }
@@ -97,7 +101,13 @@ pub fn check(tokens: &[ApiToken], value: &str, now_unix: i64) -> Option<Session>
     if !(-60..LIFETIME_SECS).contains(&age) {
         return None;
     }
-    let tag = hex::decode(tag).ok()?;
+    // Only the tag as issued, lower-case hex: the session's id (what a logout records) and its
+    // CSRF token come from the cookie's text, which must have one spelling per session.
+    let tag_text = tag;
+    let tag = hex::decode(tag_text).ok()?;
+    if hex::encode(&tag) != tag_text {
+        return None;
+    }
     let mut session = None;
     for token in tokens {
         if mac(token, &["session", issued, nonce])
@@ -231,12 +241,33 @@ mod tests {
         assert!(!csrf_matches(&session, &other.csrf));
         assert_eq!(session.expires_unix, 1_000 + LIFETIME_SECS);
         assert_ne!(session.id, other.id);
-        let notice = session.signed_notice("email-skipped:5");
-        assert_eq!(session.notice_code(&notice), Some("email-skipped:5"));
-        assert_eq!(other.notice_code(&notice), None, "another session's");
+        let notice = session.signed_notice("email-skipped:5", "/console/outbox");
         assert_eq!(
-            session.notice_code("email-skipped:5.0123456789abcdef01234567"),
+            session.notice_code(&notice, "/console/outbox"),
+            Some("email-skipped:5")
+        );
+        assert_eq!(
+            session.notice_code(&notice, "/console/orders/x"),
+            None,
+            "another page's"
+        );
+        assert_eq!(
+            other.notice_code(&notice, "/console/outbox"),
+            None,
+            "another session's"
+        );
+        assert_eq!(
+            session.notice_code(
+                "email-skipped:5.0123456789abcdef01234567",
+                "/console/outbox"
+            ),
             None
+        );
+        let dot = value.rfind('.').unwrap() + 1;
+        let upper = format!("{}{}", &value[..dot], value[dot..].to_uppercase());
+        assert!(
+            check(std::slice::from_ref(&ana), &upper, 1_060).is_none(),
+            "the tag in capitals is another spelling of the session, with another id"
         );
     }
 }

@@ -113,6 +113,13 @@ pub fn list_events(
     filters.add("outcome = ?", query.outcome.map(|o| o.as_str().to_owned()));
     filters.add("order_id = ?", query.order_id.clone());
     filters.add("received_at >= ?", query.since_unix.map(iso_seconds));
+    // The same bound as a place in arrival order, which the rowid's order can seek to: rows
+    // received before it are not read at all (received_at has no index of its own).
+    filters.add(
+        "rowid > coalesce((SELECT rowid FROM processed_events WHERE received_at < ? \
+                           ORDER BY rowid DESC LIMIT 1), 0)",
+        query.since_unix.map(iso_seconds),
+    );
     filters.add("received_at < ?", query.until_unix.map(iso_seconds));
     filters.add("event_type = ?", query.event_type.clone());
     filters.add("rowid < ?", query.before_seq);
