@@ -535,6 +535,10 @@ fn the_listening_line_names_the_urls_to_register_and_whether_the_orders_api_is_o
         line.contains("console=true"),
         "the API's tokens log in to the console too: {line}"
     );
+    assert!(
+        logs.contains("the operator console (/console) logs in with the orders API's tokens"),
+        "and the operator is warned of it: {logs}"
+    );
     assert!(line.contains("midtrans: status check off"), "{line}");
 }
 
