@@ -859,11 +859,12 @@ async fn set_status(
         reason,
     };
     let now = state.clock.now_unix();
+    // Through `with_db` as every other action (its connection slots, its 503): the store's
+    // own failures inside the set-status come back as `SetStatusError::Store`.
     let result = {
         let order_id = order_id.clone();
-        web::block(move || -> Result<OrderStatus, SetStatusError> {
-            let db = crate::store::maintenance(&state.db, true)?;
-            db.set_status_by_operator(&order_id, &change, now)
+        with_db(&state, true, move |db| {
+            Ok(db.set_status_by_operator(&order_id, &change, now))
         })
         .await
     };
@@ -892,12 +893,7 @@ async fn set_status(
             )
         }
         Ok(Err(refused)) => bad(&format!("{refused}.")),
-        Err(_) => problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Some(&session),
-            "Unavailable",
-            "The server is shutting down.",
-        ),
+        Err(answer) => *answer,
     }
 }
 
