@@ -691,14 +691,17 @@ fn a_lock_held_elsewhere_past_the_lock_timeout_answers_503_and_then_the_delivery
     let agent = agent();
     let bodies = helpers::distinct_succeeded_bodies("locked", 2);
     assert_eq!(deliver(&agent, server.port, &bodies[0]).0, 200);
-    // Another session (an operator's psql, a migration) holds the claims' table for 8 s: longer
-    // than sekali's lock timeout (SQLite's busy timeout, 5 s).
+    // Another session (an operator's psql, a migration) holds the claims' table for 12 s: longer
+    // than sekali's lock timeout (SQLite's busy timeout, 5 s), twice over, as /healthz's write
+    // probe may wait in its writer's queue behind the delivery (up to one lock timeout) before
+    // it waits on the lock itself (one more). With 8 s a CI run saw the probe start at 5 s and
+    // get the table when the lock ended.
     std::thread::scope(|scope| {
         scope.spawn(|| {
             cluster.psql(
                 &database,
                 "BEGIN; LOCK TABLE processed_events IN ACCESS EXCLUSIVE MODE; \
-                 SELECT pg_sleep(8); COMMIT;",
+                 SELECT pg_sleep(12); COMMIT;",
             )
         });
         // Until the lock is held.
