@@ -674,9 +674,10 @@ pub enum IdempotentOutcome {
     Replayed(StoredResponse),
     /// The key was used before for a different request.
     FingerprintMismatch,
-    /// Another instance is running a request under this key right now (its transaction holds
-    /// the key): answered 409, as the same instance answers a second request in flight. Only an
-    /// engine that several instances share returns it.
+    /// Another transaction is running a request under this key right now (it holds the key):
+    /// answered 409, as the same instance answers a second request in flight. Only an engine
+    /// whose writer connections run transactions side by side returns it (PostgreSQL: another
+    /// instance's, or, were the route's in-flight guard not in front, another of this one's).
     InFlight,
 }
 
