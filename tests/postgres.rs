@@ -8,7 +8,8 @@
 //!   restart of sekali and nothing acknowledged lost;
 //! - a database a mistake names (a wrong password, an unreachable host, an unknown option, a
 //!   schema from a newer sekali) refused at startup with a message that names it and no secret;
-//! - `sekali copy` from the embedded SQLite file to PostgreSQL and back, every row kept.
+//! - `sekali copy` from the embedded SQLite file to PostgreSQL and back, every row kept;
+//! - a unix-socket URL (the host a percent-encoded directory) for `serve` and the commands.
 //!
 //! Without PostgreSQL installed, every test here passes after one line saying so (CI installs
 //! it, and sets SEKALI_REQUIRE_POSTGRES=1, which makes its absence a failure).
@@ -1930,4 +1931,46 @@ fn with_sslmode_require_every_connection_is_tls_to_a_verified_server() {
     let (status, logs) = server.stop();
     assert!(status.success(), "{logs}");
     cluster.stop();
+}
+
+#[test]
+fn a_unix_socket_url_serves_deliveries_and_the_commands_over_the_socket() {
+    let Some(cluster) = shared_cluster() else {
+        return;
+    };
+    let database = cluster.fresh_database();
+    let url = cluster.socket_url(&database);
+    let server = serve(&url, &["--no-relay"]);
+    let bodies = helpers::distinct_succeeded_bodies("socket", 3);
+    for body in &bodies {
+        assert_eq!(deliver(&agent(), server.port, body).0, 200);
+    }
+    assert_eq!(deliver(&agent(), server.port, &bodies[0]).1, "duplicate");
+    // Every connection of sekali's is local: no client address, as a socket has none.
+    let connections = cluster.psql(
+        &database,
+        "SELECT count(*) FILTER (WHERE client_addr IS NULL), \
+                count(*) FILTER (WHERE client_addr IS NOT NULL) \
+         FROM pg_stat_activity WHERE application_name = 'sekali'",
+    );
+    let (socket, tcp) = connections.trim().split_once('|').unwrap();
+    assert!(socket.parse::<u32>().unwrap() > 0, "{connections}");
+    assert_eq!(tcp, "0", "a TCP connection: {connections}");
+    let (status, logs) = server.stop();
+    assert!(status.success(), "{logs}");
+
+    // The commands that take --db reach the same rows the same way.
+    let events = listing(&url);
+    for body in &bodies {
+        let event: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let id = event["id"].as_str().unwrap();
+        assert!(events.contains(id), "{id} is not listed: {events}");
+    }
+
+    // TLS cannot be checked against a socket: refused, naming the setting.
+    let message = refused(&format!("{url}?sslmode=require"), &[]);
+    assert!(
+        message.contains("sslmode=require needs a TCP host"),
+        "{message}"
+    );
 }

@@ -18,6 +18,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use postgres::config::{Host, SslMode};
+use postgres::tls::MakeTlsConnect;
 use postgres::Client;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -38,7 +39,7 @@ pub const ENV_ROOT_CERT: &str = "PGSSLROOTCERT";
 pub struct Target {
     config: postgres::Config,
     /// The TLS every connection is made with: used only under `sslmode=require`.
-    tls: MakeRustlsConnect,
+    tls: Tls,
 }
 
 impl Target {
@@ -92,7 +93,10 @@ impl Target {
         }
         Ok(Target {
             config,
-            tls: tls_connector(tls)?,
+            tls: Tls {
+                rustls: tls_connector(tls)?,
+                used: tls,
+            },
         })
     }
 
@@ -119,13 +123,48 @@ impl Target {
     }
 
     /// The TLS its connections are made with (for the read pool's).
-    pub(super) fn tls(&self) -> MakeRustlsConnect {
+    pub(super) fn tls(&self) -> Tls {
         self.tls.clone()
     }
 
     /// The database's name, for messages.
     pub fn database(&self) -> &str {
         self.config.get_dbname().unwrap_or("(the user's)")
+    }
+}
+
+/// How a connection is made: over TLS (rustls) under `sslmode=require`, else in the clear.
+///
+/// The driver asks for a TLS connector for every connection, TLS or not, naming the host: none
+/// for a unix socket, which no TLS server name can be. In the clear the connector is never used
+/// (the driver's `sslmode` is `disable` then), so it is made for a placeholder name; under
+/// `sslmode=require` a unix socket is refused, naming the setting, as a certificate cannot be
+/// checked against it.
+#[derive(Clone)]
+pub struct Tls {
+    rustls: MakeRustlsConnect,
+    used: bool,
+}
+
+impl<S> MakeTlsConnect<S> for Tls
+where
+    MakeRustlsConnect: MakeTlsConnect<S>,
+{
+    type Stream = <MakeRustlsConnect as MakeTlsConnect<S>>::Stream;
+    type TlsConnect = <MakeRustlsConnect as MakeTlsConnect<S>>::TlsConnect;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn make_tls_connect(&mut self, host: &str) -> Result<Self::TlsConnect, Self::Error> {
+        let name = match (self.used, host) {
+            (true, "") => {
+                return Err("sslmode=require needs a TCP host: a unix socket cannot be \
+                            checked against a certificate (connect by host name, or drop sslmode)"
+                    .into())
+            }
+            (true, host) => host,
+            (false, _) => "localhost",
+        };
+        MakeTlsConnect::<S>::make_tls_connect(&mut self.rustls, name).map_err(Into::into)
     }
 }
 

@@ -28,7 +28,7 @@ use crate::store::{
 /// Connections an instance keeps for `/healthz` and the orders API's reads.
 const READ_POOL_SIZE: u32 = 4;
 
-type Pool = r2d2::Pool<PostgresConnectionManager<tokio_postgres_rustls::MakeRustlsConnect>>;
+type Pool = r2d2::Pool<PostgresConnectionManager<super::connect::Tls>>;
 
 /// The read pool. Its idle connections close when it is dropped, which blocks: on a thread of
 /// its own, since the last handle may go on an async task.
