@@ -52,7 +52,8 @@ fn claim_emails(
                       ORDER BY next_attempt_at, id LIMIT $4::bigint
                       FOR UPDATE SKIP LOCKED)
          RETURNING id, order_id, recipient, template, params, idempotency_key, attempts,
-                   (floor(extract(epoch FROM first_tried_at::timestamptz)) * 1000)::bigint",
+                   (floor(extract(epoch FROM first_tried_at::timestamptz)) * 1000)::bigint,
+                   (SELECT metadata FROM orders WHERE orders.order_id = email_outbox.order_id)",
         &[
             &request.owner,
             &iso_millis(now_ms + request.lease_ms),
@@ -60,9 +61,15 @@ fn claim_emails(
             &(request.limit as i64),
         ],
     )?;
+    // Only a text locale counts: an order's metadata is the shop's JSON, and one row's odd value
+    // must not fail the claim of every row behind it (before this, a `"locale": 5` stopped all
+    // email). SQLite read it with json_extract; here serde_json reads it, with the same answer:
+    // none for no metadata, metadata that is not JSON, not an object, or a locale that is not a
+    // string.
     let mut claimed = rows
         .iter()
         .map(|row| {
+            let metadata: Option<String> = super::get(row, 8)?;
             Ok(ClaimedEmail {
                 id: super::get(row, 0)?,
                 order_id: super::get(row, 1)?,
@@ -72,25 +79,10 @@ fn claim_emails(
                 idempotency_key: super::get(row, 5)?,
                 attempts: super::get(row, 6)?,
                 first_tried_ms: super::get(row, 7)?,
-                locale: None,
+                locale: metadata.as_deref().and_then(locale_of),
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    // Only a text locale counts: an order's metadata is the shop's JSON, and one row's odd value
-    // must not fail the claim of every row behind it (before this, a `"locale": 5` stopped all
-    // email). SQLite read it with json_extract; here serde_json reads it, with the same answer:
-    // none for no metadata, metadata that is not JSON, not an object, or a locale that is not a
-    // string.
-    for email in &mut claimed {
-        let metadata: Option<String> = match db.query_opt(
-            "SELECT metadata FROM orders WHERE order_id = $1",
-            &[&email.order_id],
-        )? {
-            Some(row) => super::get(&row, 0)?,
-            None => None,
-        };
-        email.locale = metadata.as_deref().and_then(locale_of);
-    }
     claimed.sort_by_key(|e| e.id);
     Ok(claimed)
 }
@@ -104,23 +96,37 @@ fn locale_of(metadata: &str) -> Option<String> {
 }
 
 /// A relay's three results (sent; failed or untried; skipped) as statements on `$table`: each
-/// outbox's must be a `&'static str` of its own ([`Db`] keeps statements by address).
+/// outbox's must be a `&'static str` of its own ([`Db`] keeps statements by address). Each
+/// updates the row only while the relay (`$2`) holds its lease, and records the attempt in
+/// `outbox_attempts` in the same statement (one round trip): only when the row was updated.
 macro_rules! results_sql {
     ($table:literal) => {
         [
-            concat!("UPDATE ", $table, " SET status = 'sent', attempts = attempts + 1, sent_at = $3::text,
+            concat!("WITH changed AS (
+             UPDATE ", $table, " SET status = 'sent', attempts = attempts + 1, sent_at = $3::text,
                 first_tried_at = coalesce(first_tried_at, $3::text),
                 next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL
-         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text"),
-            concat!("UPDATE ", $table, " SET attempts = attempts + $6::bigint, last_error = $4::text,
-                first_tried_at = CASE WHEN $6::bigint > 0 THEN coalesce(first_tried_at, $3::text)
+             WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text
+             RETURNING id)
+         INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
+         SELECT $4::text, id, $3::text, $2::text, $5::text, $6::text FROM changed"),
+            concat!("WITH changed AS (
+             UPDATE ", $table, " SET attempts = attempts + $9::bigint, last_error = $6::text,
+                first_tried_at = CASE WHEN $9::bigint > 0 THEN coalesce(first_tried_at, $3::text)
                                       ELSE first_tried_at END,
-                status = CASE WHEN $5::text IS NULL THEN 'dead' ELSE 'pending' END,
-                next_attempt_at = $5::text, lease_owner = NULL, lease_until = NULL
-         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text"),
-            concat!("UPDATE ", $table, " SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
+                status = CASE WHEN $7::text IS NULL THEN 'dead' ELSE 'pending' END,
+                next_attempt_at = $7::text, lease_owner = NULL, lease_until = NULL
+             WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text
+             RETURNING id)
+         INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
+         SELECT $4::text, id, $3::text, $2::text, $5::text, $8::text FROM changed"),
+            concat!("WITH changed AS (
+             UPDATE ", $table, " SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
                 lease_until = NULL, last_error = 'no recipient address'
-         WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text"),
+             WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text
+             RETURNING id)
+         INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
+         SELECT $4::text, id, $3::text, $2::text, $5::text, $6::text FROM changed"),
         ]
     };
 }
@@ -185,41 +191,37 @@ pub fn record_results_in_transaction(
     results
         .iter()
         .map(|result| {
-            let changed = match &result.outcome {
-                SendOutcome::Sent => db.execute(sent, &[&result.id, &owner, &now])?,
-                SendOutcome::Failed { error, retry_at_ms } => db.execute(
-                    failed,
-                    &[
-                        &result.id,
-                        &owner,
-                        &now,
-                        error,
-                        &retry_at_ms.map(iso_millis),
-                        &1_i64,
-                    ],
+            let (what, attempt_error) = result.outcome.attempt();
+            let label = outbox.label();
+            let recorded = match &result.outcome {
+                SendOutcome::Sent => db.execute(
+                    sent,
+                    &[&result.id, &owner, &now, &label, &what, &attempt_error],
                 )?,
-                SendOutcome::Untried { error, retry_at_ms } => db.execute(
-                    failed,
-                    &[
-                        &result.id,
-                        &owner,
-                        &now,
-                        error,
-                        &retry_at_ms.map(iso_millis),
-                        &0_i64,
-                    ],
+                SendOutcome::Failed { error, retry_at_ms }
+                | SendOutcome::Untried { error, retry_at_ms } => {
+                    let tried = i64::from(matches!(result.outcome, SendOutcome::Failed { .. }));
+                    db.execute(
+                        failed,
+                        &[
+                            &result.id,
+                            &owner,
+                            &now,
+                            &label,
+                            &what,
+                            error,
+                            &retry_at_ms.map(iso_millis),
+                            &attempt_error,
+                            &tried,
+                        ],
+                    )?
+                }
+                SendOutcome::Skipped => db.execute(
+                    skipped,
+                    &[&result.id, &owner, &now, &label, &what, &attempt_error],
                 )?,
-                SendOutcome::Skipped => db.execute(skipped, &[&result.id, &owner, &now])?,
             };
-            if changed == 1 {
-                let (what, error) = result.outcome.attempt();
-                db.execute(
-                    "INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
-                     VALUES ($1, $2, $3, $4, $5, $6)",
-                    &[&outbox.label(), &result.id, &now, &owner, &what, &error],
-                )?;
-            }
-            Ok(changed == 1)
+            Ok(recorded == 1)
         })
         .collect()
 }
