@@ -1194,24 +1194,32 @@ fn a_change_that_commits_after_a_later_one_is_not_skipped_by_a_stored_cursor() {
     let start = || ServeProcess::start_on(Some(Path::new(&url)), &env, "warn", &["--no-relay"]);
     let (a, b) = (start(), start());
     let paid = helpers::distinct_succeeded_bodies("feedorder", 1).remove(0);
+    // A's change, once it has taken its id, waits for the test's advisory lock 4242: a trigger
+    // holds the transaction that records a change of A's order.
+    cluster.psql(
+        &database,
+        "CREATE FUNCTION wait_for_the_test() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_advisory_xact_lock_shared(4242); RETURN NEW; END $$; \
+         CREATE TRIGGER wait_for_the_test AFTER INSERT ON order_transitions FOR EACH ROW \
+         WHEN (NEW.order_id = 'ord_feedorder_00') EXECUTE FUNCTION wait_for_the_test();",
+    );
+    let lock_4242 = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 \
+                     AND objid = 4242 AND objsubid = 1";
     let first_page = std::thread::scope(|scope| {
         scope.spawn(|| {
             cluster.psql(
                 &database,
-                "BEGIN; LOCK TABLE email_outbox IN SHARE MODE; SELECT pg_sleep(3); COMMIT;",
+                "SELECT pg_advisory_lock(4242); SELECT pg_sleep(3); SELECT pg_advisory_unlock(4242);",
             )
         });
-        let held = "SELECT count(*) FROM pg_locks WHERE relation = 'email_outbox'::regclass \
-                    AND mode = 'ShareLock' AND granted";
-        while count(cluster, &database, held) == 0 {
+        let held = format!("{lock_4242} AND granted");
+        while count(cluster, &database, &held) == 0 {
             std::thread::sleep(Duration::from_millis(20));
         }
-        // A's payment creates its order, records the change (the lower id), and then waits to
-        // queue the receipt.
+        // A's payment creates its order, records the change (the lower id), and then waits.
         let on_a = scope.spawn(|| deliver(&agent(), a.port, &paid));
-        let waiting = "SELECT count(*) FROM pg_locks WHERE relation = 'email_outbox'::regclass \
-                       AND NOT granted";
-        while count(cluster, &database, waiting) == 0 {
+        let waiting = format!("{lock_4242} AND NOT granted");
+        while count(cluster, &database, &waiting) == 0 {
             assert!(!on_a.is_finished(), "A did not wait for the lock");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -1951,7 +1959,8 @@ fn a_unix_socket_url_serves_deliveries_and_the_commands_over_the_socket() {
         &database,
         "SELECT count(*) FILTER (WHERE client_addr IS NULL), \
                 count(*) FILTER (WHERE client_addr IS NOT NULL) \
-         FROM pg_stat_activity WHERE application_name = 'sekali'",
+         FROM pg_stat_activity \
+         WHERE application_name = 'sekali' AND datname = current_database()",
     );
     let (socket, tcp) = connections.trim().split_once('|').unwrap();
     assert!(socket.parse::<u32>().unwrap() > 0, "{connections}");

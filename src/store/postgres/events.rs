@@ -28,15 +28,6 @@ use crate::domain::{
 };
 use crate::store::ErrorKind;
 
-/// Marks processed the events parked under the payment `$2` of provider `$1`, for the order
-/// `$3`. A parked event waits under its payment's key (`processed_events.payment_intent_id`):
-/// the key its payment had when it was parked, moved to the payment's own when that name turns
-/// out to be another name of it (`ledger::adopt_aliases`). One key, so that the statement is a
-/// search of the partial index of parked events.
-pub(super) const PARK_RELEASE: &str =
-    "UPDATE processed_events SET outcome = 'processed', order_id = $3
-     WHERE outcome = 'parked' AND payment_intent_id = $2 AND provider = $1";
-
 /// Claims `event` and applies its effects. `payload` is the raw verified body.
 ///
 /// Returns [`Outcome::Duplicate`] when a live claim already exists; the caller must then roll
@@ -156,17 +147,16 @@ fn resolve_and_apply(
     // had to wait for another instance that has meanwhile made the name an alias of another
     // payment (and folded its row into it), the name is looked up again, and the payment it
     // now names is the one locked: as SQLite, running after that instance, would have found.
-    let mut reference = ledger::canonical(db, provider, &report.reference)?;
+    let mut reference = ledger::canonical_held(db, provider, &report.reference)?;
     let stored = loop {
-        let stored = ledger::load_locked(db, provider, &reference)?;
-        if stored.is_some() {
-            break stored;
+        match ledger::read_locked(db, provider, &reference, &report.reference)? {
+            ledger::Locked::Found(stored) => break Some(*stored),
+            ledger::Locked::Absent { now_named } if now_named == reference => break None,
+            ledger::Locked::Absent { now_named } => {
+                reference = now_named;
+                super::hold(db, &super::payment_key(provider, &reference))?;
+            }
         }
-        let now_named = ledger::canonical(db, provider, &report.reference)?;
-        if now_named == reference {
-            break None;
-        }
-        reference = now_named;
     };
     let (folded, linked_through_alias) =
         ledger::adopt_aliases(db, provider, &reference, &report.aliases)?;
@@ -263,13 +253,12 @@ fn resolve_and_apply(
         )?;
     }
     // A payment linked by this event, or one that took in the facts of another name of it
-    // (which may have been waiting unlinked).
-    if linked.is_none() || folded != PaymentFacts::default() {
-        // The events whose facts waited for this link count now: those parked under the
-        // payment's key, which includes those parked under another name of it (a refund parked
-        // under a PaymentIntent that an invoice, named by the order, turned out to be paid by).
-        db.execute(PARK_RELEASE, &[&provider, &reference, &order_id])?;
-    }
+    // (which may have been waiting unlinked): the events whose facts waited for this link
+    // count now, those parked under the payment's key, which includes those parked under
+    // another name of it (a refund parked under a PaymentIntent that an invoice, named by the
+    // order, turned out to be paid by). Released with the order's write.
+    let release_parked = (linked.is_none() || folded != PaymentFacts::default())
+        .then_some((provider, reference.as_str()));
     if !matches!(decision.outcome, Outcome::Processed | Outcome::Stale) {
         tracing::warn!(
             order_id = %Escaped(&order_id),
@@ -280,7 +269,7 @@ fn resolve_and_apply(
             "order moved to needs_review"
         );
     }
-    save_order(db, event, &order_id, &decision, now)?;
+    save_order(db, event, &order_id, &decision, release_parked, now)?;
     Ok((decision.outcome, Some(order_id)))
 }
 
@@ -386,36 +375,61 @@ fn save_order(
     event: &NormalizedEvent,
     order_id: &str,
     decision: &crate::domain::Decision,
+    release_parked: Option<(&str, &str)>,
     now: &str,
 ) -> Result<(), StoreError> {
-    let state = &decision.next;
     let by = ChangedBy::event(event.provider.as_str(), &event.event_id);
     write_order(
         db,
         order_id,
-        state,
+        &decision.next,
         &by,
         now,
-        decision.record || decision.created,
-    )?;
-    if decision.record {
-        record_transition(db, &by, order_id, decision.from, state, now)?;
-    }
-    for notice in &decision.notices {
-        queue(db, by.provider, by.event_id, order_id, state, notice, now)?;
-    }
-    Ok(())
+        OrderWrite {
+            row: Some(decision.record || decision.created),
+            transition: decision.record.then_some(decision.from),
+            notices: &decision.notices,
+            release_parked,
+        },
+    )
 }
 
-/// Inserts or updates the order's row; `changed` also sets when and by which event it last
-/// changed.
+/// What [`write_order`] writes.
+pub(crate) struct OrderWrite<'a> {
+    /// The order's row, inserted or updated; `Some(true)` also sets when and by which event it
+    /// last changed. `None` when the caller wrote the row itself (the API's creation).
+    pub row: Option<bool>,
+    /// The change to append to the audit trail (and to forward, while forwarding is on): from
+    /// the status the order had, `None` for the change that created it.
+    pub transition: Option<Option<OrderStatus>>,
+    /// The customer notices the change carries, to the order's customer address. Each is keyed
+    /// by the change itself, so two events announcing the same change cannot queue two emails.
+    pub notices: &'a [QueuedNotice],
+    /// The payment (provider, reference) whose parked events the change releases: marked
+    /// processed for the order. A parked event waits under its payment's key
+    /// (`processed_events.payment_intent_id`): the key its payment had when it was parked, moved
+    /// to the payment's own when that name turns out to be another name of it
+    /// (`ledger::adopt_aliases`). One key, so that the release is a search of the partial index
+    /// of parked events.
+    pub release_parked: Option<(&'a str, &'a str)>,
+}
+
+/// Writes what `write` says of the order `order_id` in its new `state`, in ONE statement (one
+/// round trip, where a delivery has a dozen): the order's row, the change in the audit trail
+/// numbered among the order's, its row in `forward_outbox` while forwarding is on, and its
+/// notices in `email_outbox`, and the release of the payment's parked events. Every writer of an order holds it (its row locked, or its key when
+/// it has none yet) before it records a change, so two instances never count the same number.
+/// The parts touch different tables (or rows: the events released are parked, the delivery's
+/// own is not), so running them side by side in one snapshot (as
+/// PostgreSQL runs a statement's data-modifying `WITH` parts) is running them one after the
+/// other; the foreign keys are checked at the statement's end, after the order's insert.
 pub(crate) fn write_order(
     db: &mut Db<'_, '_>,
     order_id: &str,
     state: &OrderState,
     by: &ChangedBy<'_>,
     now: &str,
-    changed: bool,
+    write: OrderWrite<'_>,
 ) -> Result<(), StoreError> {
     let operator_money = state
         .operator
@@ -425,7 +439,12 @@ pub(crate) fn write_order(
         .then(|| serde_json::to_string(&state.acknowledged).expect("strings serialise"));
     let operator_status = state.operator.as_ref().map(|d| d.status.as_str());
     let exponent = state.exponent.map(i64::from);
-    let params: [&(dyn ToSql + Sync); 20] = [
+    let from = write.transition.flatten().map(OrderStatus::as_str);
+    let templates: Vec<&str> = write.notices.iter().map(|n| n.template).collect();
+    let notice_params: Vec<&str> = write.notices.iter().map(|n| n.params.as_str()).collect();
+    let keys: Vec<&str> = write.notices.iter().map(|n| n.key.as_str()).collect();
+    let (parked_provider, parked_payment) = write.release_parked.unzip();
+    let params: [&(dyn ToSql + Sync); 32] = [
         &order_id,
         &state.provider.as_str(),
         &state.status.as_str(),
@@ -445,26 +464,72 @@ pub(crate) fn write_order(
         &operator_money,
         &acknowledged,
         &state.announced,
-        &changed,
+        &write.row.unwrap_or(false),
+        &write.row.is_some(),
+        &write.transition.is_some(),
+        &from,
+        &by.provider,
+        &by.actor,
+        &by.reason,
+        &templates,
+        &notice_params,
+        &keys,
+        &write.release_parked.is_some(),
+        &parked_provider,
+        &parked_payment,
     ];
     db.execute(
-        "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
-                             customer_email, payment_intent_id, created_at, updated_at, last_event_id,
-                             paid_amount, paid_currency, amount_exponent, payer_email, review_reason,
-                             operator_status, operator_money, acknowledged, announced_returned)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-                 $19)
-         ON CONFLICT (order_id) DO UPDATE SET
-             status = excluded.status, amount = excluded.amount,
-             refunded_amount = excluded.refunded_amount, currency = excluded.currency,
-             customer_email = excluded.customer_email, payment_intent_id = excluded.payment_intent_id,
-             updated_at = CASE WHEN $20::boolean THEN excluded.updated_at ELSE orders.updated_at END,
-             last_event_id = CASE WHEN $20::boolean THEN excluded.last_event_id ELSE orders.last_event_id END,
-             paid_amount = excluded.paid_amount, paid_currency = excluded.paid_currency,
-             amount_exponent = excluded.amount_exponent, payer_email = excluded.payer_email,
-             review_reason = excluded.review_reason, operator_status = excluded.operator_status,
-             operator_money = excluded.operator_money, acknowledged = excluded.acknowledged,
-             announced_returned = excluded.announced_returned",
+        "WITH written AS (
+             INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
+                                 customer_email, payment_intent_id, created_at, updated_at,
+                                 last_event_id, paid_amount, paid_currency, amount_exponent,
+                                 payer_email, review_reason, operator_status, operator_money,
+                                 acknowledged, announced_returned)
+             SELECT $1::text, $2::text, $3::text, $4::bigint, $5::bigint, $6::text, $7::text,
+                    $8::text, $9::text, $9::text, $10::text, $11::bigint, $12::text, $13::bigint,
+                    $14::text, $15::text, $16::text, $17::text, $18::text, $19::bigint
+             WHERE $21::boolean
+             ON CONFLICT (order_id) DO UPDATE SET
+                 status = excluded.status, amount = excluded.amount,
+                 refunded_amount = excluded.refunded_amount, currency = excluded.currency,
+                 customer_email = excluded.customer_email,
+                 payment_intent_id = excluded.payment_intent_id,
+                 updated_at = CASE WHEN $20::boolean THEN excluded.updated_at
+                                   ELSE orders.updated_at END,
+                 last_event_id = CASE WHEN $20::boolean THEN excluded.last_event_id
+                                      ELSE orders.last_event_id END,
+                 paid_amount = excluded.paid_amount, paid_currency = excluded.paid_currency,
+                 amount_exponent = excluded.amount_exponent, payer_email = excluded.payer_email,
+                 review_reason = excluded.review_reason,
+                 operator_status = excluded.operator_status,
+                 operator_money = excluded.operator_money, acknowledged = excluded.acknowledged,
+                 announced_returned = excluded.announced_returned),
+         change AS (
+             INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount,
+                                            provider, event_id, changed_at, actor, reason,
+                                            sequence, amount, currency)
+             SELECT $1::text, $23::text, $3::text, $5::bigint, $24::text, $10::text, $9::text,
+                    $25::text, $26::text,
+                    (SELECT count(*) + 1 FROM order_transitions WHERE order_id = $1::text),
+                    $4::bigint, $6::text
+             WHERE $22::boolean
+             RETURNING id),
+         forwarded AS (
+             INSERT INTO forward_outbox (change_id, order_id, created_at, next_attempt_at)
+             SELECT change.id, $1::text, $9::text, replace($9::text, 'Z', '.000Z')
+             FROM change, forward_state),
+         queued AS (
+             INSERT INTO email_outbox (order_id, recipient, template, params, idempotency_key,
+                                       status, attempts, created_at, event_id, next_attempt_at)
+             SELECT $1::text, $7::text, notice.template, notice.params, notice.key, 'pending', 0,
+                    $9::text, $10::text, replace($9::text, 'Z', '.000Z')
+             FROM unnest($27::text[], $28::text[], $29::text[]) AS notice (template, params, key)
+             ON CONFLICT (order_id, idempotency_key) DO NOTHING),
+         released AS (
+             UPDATE processed_events SET outcome = 'processed', order_id = $1::text
+             WHERE $30::boolean AND outcome = 'parked' AND payment_intent_id = $32::text
+               AND provider = $31::text)
+         SELECT",
         &params,
     )?;
     Ok(())
@@ -494,92 +559,32 @@ impl<'a> ChangedBy<'a> {
     }
 }
 
-/// The effects of a change made by hand (an operator's status, an API order's creation): its row
-/// in the audit trail and the customer notice the new status carries.
-pub(crate) fn record_change(
+/// A change made by hand (an operator's status, an API order's creation) to `to`, from the
+/// status `from` (`None` for the creation): the order's row when `write_row` (the API inserted
+/// its own), its row in the audit trail, and the customer notice the new status carries.
+pub(crate) fn write_change(
     db: &mut Db<'_, '_>,
     by: &ChangedBy<'_>,
     order_id: &str,
     from: Option<OrderStatus>,
     to: &OrderState,
     now: &str,
+    write_row: bool,
 ) -> Result<(), StoreError> {
-    record_transition(db, by, order_id, from, to, now)?;
-    if let Some(notice) = crate::domain::notice::for_status(order_id, to, by.provider, by.event_id)
-    {
-        queue(db, by.provider, by.event_id, order_id, to, &notice, now)?;
-    }
-    Ok(())
-}
-
-/// Appends to the audit trail, numbering the change among the order's: every writer of an order
-/// holds it (its row locked, or its key when it has none yet) before it records a change, so two
-/// instances never count the same number. While forwarding is on, the change waits to be
-/// forwarded too, in the same statement.
-pub(crate) fn record_transition(
-    db: &mut Db<'_, '_>,
-    by: &ChangedBy<'_>,
-    order_id: &str,
-    from: Option<OrderStatus>,
-    to: &OrderState,
-    now: &str,
-) -> Result<(), StoreError> {
-    let from = from.map(OrderStatus::as_str);
-    db.execute(
-        "WITH change AS (
-             INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount,
-                                            provider, event_id, changed_at, actor, reason,
-                                            sequence, amount, currency)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
-                     (SELECT count(*) + 1 FROM order_transitions WHERE order_id = $1), $10, $11)
-             RETURNING id)
-         INSERT INTO forward_outbox (change_id, order_id, created_at, next_attempt_at)
-         SELECT change.id, $1, $7::text, replace($7::text, 'Z', '.000Z')
-         FROM change, forward_state",
-        &[
-            &order_id,
-            &from,
-            &to.status.as_str(),
-            &to.refunded_amount,
-            &by.provider,
-            &by.event_id,
-            &now,
-            &by.actor,
-            &by.reason,
-            &to.amount,
-            &to.currency,
-        ],
-    )?;
-    Ok(())
-}
-
-/// Queues `notice` for the order, to its customer's address. Its key is the change itself, so
-/// two events announcing the same change cannot queue two emails.
-fn queue(
-    db: &mut Db<'_, '_>,
-    _provider: &str,
-    event_id: &str,
-    order_id: &str,
-    order: &OrderState,
-    notice: &QueuedNotice,
-    now: &str,
-) -> Result<(), StoreError> {
-    db.execute(
-        "INSERT INTO email_outbox (order_id, recipient, template, params, idempotency_key, status,
-                                   attempts, created_at, event_id, next_attempt_at)
-         VALUES ($1, $2, $3, $4, $5, 'pending', 0, $6::text, $7, replace($6::text, 'Z', '.000Z'))
-         ON CONFLICT (order_id, idempotency_key) DO NOTHING",
-        &[
-            &order_id,
-            &order.customer_email,
-            &notice.template,
-            &notice.params,
-            &notice.key,
-            &now,
-            &event_id,
-        ],
-    )?;
-    Ok(())
+    let notice = crate::domain::notice::for_status(order_id, to, by.provider, by.event_id);
+    write_order(
+        db,
+        order_id,
+        to,
+        by,
+        now,
+        OrderWrite {
+            row: write_row.then_some(true),
+            transition: Some(from),
+            notices: notice.as_slice(),
+            release_parked: None,
+        },
+    )
 }
 
 /// Reads a stored body back into its event: `(provider, event_type, payload)` to the event, by

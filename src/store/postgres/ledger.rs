@@ -20,22 +20,6 @@ use crate::store::payments::{time_of, time_text};
 pub use crate::store::payments::{views, StoredPayment};
 use crate::store::ErrorKind;
 
-/// The payment `reference` names: the one it is an alias of, else itself.
-pub fn canonical(
-    db: &mut Db<'_, '_>,
-    provider: &str,
-    reference: &str,
-) -> Result<String, StoreError> {
-    Ok(db
-        .query_opt(
-            "SELECT payment_ref FROM payment_aliases WHERE provider = $1 AND alias = $2",
-            &[&provider, &reference],
-        )?
-        .map(|row| get::<String>(&row, 0))
-        .transpose()?
-        .unwrap_or_else(|| reference.to_owned()))
-}
-
 /// Records that each of `aliases` names the payment `reference`, folding into it the facts that
 /// arrived under an alias before it was known to be one (the alias's own row goes). Returns the
 /// facts folded in, and the order one of them was linked to.
@@ -62,7 +46,7 @@ pub fn adopt_aliases(
         // commit, so its facts are folded in here rather than left behind on a row no one reads
         // again, and the events it parked under the alias are visible to the update below.
         let stored = load_locked(db, provider, alias)?;
-        // Events parked under the alias wait on the payment now (see `events::PARK_RELEASE`).
+        // Events parked under the alias wait on the payment now (see `events::OrderWrite::release_parked`).
         db.execute(
             "UPDATE processed_events SET payment_intent_id = $3
              WHERE outcome = 'parked' AND payment_intent_id = $2 AND provider = $1",
@@ -123,16 +107,72 @@ pub fn load_locked(
 ) -> Result<Option<StoredPayment>, StoreError> {
     super::hold(db, &super::payment_key(provider, reference))?;
     // None when there is no row yet, or when another instance deleted it while this one waited
-    // (it folded the payment into another as an alias): the caller looks its name up again.
-    let row = db.query_opt(
-        "SELECT order_id, currency, requested, expected, authorized, captured, captured_at,
-                released, released_as_refunds, attempt, attempt_at, undone,
-                refunded_reported, refunded_reported_at, refund_count, dispute_count
-         FROM payments WHERE provider = $1 AND payment_ref = $2
-         FOR UPDATE",
-        &[&provider, &reference],
+    // (it folded the payment into another as an alias).
+    match read_locked(db, provider, reference, reference)? {
+        Locked::Found(stored) => Ok(Some(*stored)),
+        Locked::Absent { .. } => Ok(None),
+    }
+}
+
+/// The payment `reference` names (the one it is an alias of, else itself), with its key held ([`super::hold`]), in one statement:
+/// the name is looked up, then its key waited for, as a lookup and a hold one after the other
+/// would. Another instance that held the key meanwhile may have made the name an alias of
+/// another payment: [`read_locked`] says so.
+pub fn canonical_held(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+) -> Result<String, StoreError> {
+    // The key as `payment_key` builds it, the name appended in the statement.
+    let prefix = super::payment_key(provider, "");
+    let row = db.query_one(
+        "SELECT name, pg_advisory_xact_lock(hashtextextended($3::text || name, 0))
+         FROM (SELECT coalesce((SELECT payment_ref FROM payment_aliases
+                                WHERE provider = $1::text AND alias = $2::text),
+                               $2::text) AS name) AS named",
+        &[&provider, &reference, &prefix],
     )?;
-    with_children(db, provider, reference, row)
+    get(&row, 0)
+}
+
+/// What [`read_locked`] found.
+pub enum Locked {
+    /// The payment, its row locked.
+    Found(Box<StoredPayment>),
+    /// No row (none yet, or another instance folded it into another payment while this one
+    /// waited for its key), and the payment the name looked up names now.
+    Absent { now_named: String },
+}
+
+/// The payment `reference` with its row locked (`FOR UPDATE`), its key held by the caller; when
+/// it has no row, what `name` (the name the delivery looked up) names now, read in the same
+/// statement, after the wait for the key: one round trip for what was two.
+pub fn read_locked(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+    name: &str,
+) -> Result<Locked, StoreError> {
+    let row = db.query_one(
+        "SELECT p.order_id, p.currency, p.requested, p.expected, p.authorized, p.captured,
+                p.captured_at, p.released, p.released_as_refunds, p.attempt, p.attempt_at,
+                p.undone, p.refunded_reported, p.refunded_reported_at, p.refund_count,
+                p.dispute_count, p.payment_ref IS NOT NULL,
+                coalesce((SELECT payment_ref FROM payment_aliases
+                          WHERE provider = $1::text AND alias = $3::text), $3::text)
+         FROM (SELECT) AS one
+         LEFT JOIN LATERAL (
+             SELECT * FROM payments WHERE provider = $1::text AND payment_ref = $2::text
+             FOR UPDATE) AS p ON true",
+        &[&provider, &reference, &name],
+    )?;
+    if !get::<bool>(&row, 16)? {
+        return Ok(Locked::Absent {
+            now_named: get(&row, 17)?,
+        });
+    }
+    let stored = with_children(db, provider, reference, Some(row))?;
+    Ok(Locked::Found(Box::new(stored.expect("a row was found"))))
 }
 
 /// The payment of `row` (read by [`load`] or [`load_locked`]) with its refunds and disputes.

@@ -2,7 +2,7 @@
 
 use postgres::Row;
 
-use super::events::{load_order, record_change, write_order, ChangedBy};
+use super::events::{load_order, write_change, ChangedBy};
 use super::{get, ledger, Db, StoreError};
 use crate::clock::iso_seconds;
 use crate::domain::ledger::{compute, OperatorDecision};
@@ -166,7 +166,7 @@ pub fn insert_api_order(
         actor: Some(client),
         reason: None,
     };
-    record_change(db, &by, &order.order_id, None, &state, &now)?;
+    write_change(db, &by, &order.order_id, None, &state, &now, false)?;
     get_order(db, &order.order_id)
 }
 
@@ -215,8 +215,7 @@ pub fn set_status_by_operator(
         actor: Some(&change.operator),
         reason: Some(&change.reason),
     };
-    write_order(db, order_id, &state, &by, &now, true)?;
-    record_change(db, &by, order_id, Some(previous), &state, &now)?;
+    write_change(db, &by, order_id, Some(previous), &state, &now, true)?;
     Ok(previous)
 }
 
