@@ -415,7 +415,7 @@ pub(crate) struct OrderWrite<'a> {
 }
 
 /// Writes what `write` says of the order `order_id` in its new `state`, in ONE statement (one
-/// round trip, where a delivery has a dozen): the order's row, the change in the audit trail
+/// round trip of the eight a delivery makes): the order's row, the change in the audit trail
 /// numbered among the order's, its row in `forward_outbox` while forwarding is on, and its
 /// notices in `email_outbox`, and the release of the payment's parked events. Every writer of an order holds it (its row locked, or its key when
 /// it has none yet) before it records a change, so two instances never count the same number.
