@@ -38,57 +38,157 @@ pub fn record_event_and_apply(
     payload: &str,
     now_unix: i64,
 ) -> Result<Outcome, StoreError> {
-    let now = iso_seconds(now_unix);
-    let retention = i64::try_from(event.retention.as_secs()).unwrap_or(i64::MAX / 2);
-    let expires_at = iso_seconds(now_unix.saturating_add(retention));
-    let known_order_id = match &event.order_ref {
-        OrderRef::OrderId(id) => Some(id.as_str()),
-        _ => None,
-    };
     if let Some(legacy) = &event.legacy_event_id {
+        let known_order_id = match &event.order_ref {
+            OrderRef::OrderId(id) => Some(id.as_str()),
+            _ => None,
+        };
+        let now = iso_seconds(now_unix);
         if is_claimed_for_order(db, &event.provider, legacy, known_order_id, &now)? {
             return Ok(Outcome::Duplicate);
         }
     }
+    let claimed = claim(db, &[(event, payload)], now_unix, true)?;
+    if claimed[0] != Claim::Claimed {
+        return Ok(Outcome::Duplicate);
+    }
+    apply_claimed(db, event, now_unix)
+}
 
-    // The claim. A row whose retention has run out counts as absent even before the purge
-    // removes it, so the contract "a delivery older than the retention is new" holds exactly.
-    // Claimed again, it takes a new rowid: listings go by rowid as arrival order, and the new
-    // claim is the newest arrival (`rowid = DEFAULT`: the identity's next value, where SQLite
-    // takes max(rowid) + 1). Another instance claiming the same event at the same time waits
-    // here for this transaction's end (the unique key), then finds the claim live: a duplicate.
-    let payment_ref = event.payment_ref();
-    let claimed = db.execute(
+/// What [`claim`] did with a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Claimed: its effects are to be applied ([`apply_claimed`]).
+    Claimed,
+    /// A live claim already exists, or an earlier delivery of the same event in the same call
+    /// claimed it: a duplicate.
+    Taken,
+    /// Not claimed: an event that may have been claimed under its earlier id form claims
+    /// itself ([`record_event_and_apply`]), after that check.
+    Left,
+}
+
+/// Claims the `deliveries` (each an event and its raw verified body) in ONE statement, in the
+/// order given (a batch's lock order: another instance claiming some of the same events claims
+/// them in the same order, and the two wait for each other rather than deadlock). Events with
+/// an earlier id form are `Left` unless `all` (the caller checked that form).
+///
+/// A row whose retention has run out counts as absent even before the purge removes it, so the
+/// contract "a delivery older than the retention is new" holds exactly. Claimed again, it takes
+/// a new rowid: listings go by rowid as arrival order, and the new claim is the newest arrival
+/// (`rowid = DEFAULT`: the identity's next value, where SQLite takes max(rowid) + 1). Another
+/// instance claiming the same event at the same time waits here for its transaction's end (the
+/// unique key), then finds the claim live: a duplicate.
+pub fn claim(
+    db: &mut Db<'_, '_>,
+    deliveries: &[(&NormalizedEvent, &str)],
+    now_unix: i64,
+    all: bool,
+) -> Result<Vec<Claim>, StoreError> {
+    let now = iso_seconds(now_unix);
+    let mut seen = std::collections::HashSet::new();
+    let mut claims = Vec::with_capacity(deliveries.len());
+    let mut rows = ClaimRows::default();
+    for (event, payload) in deliveries {
+        if event.legacy_event_id.is_some() && !all {
+            claims.push(Claim::Left);
+            continue;
+        }
+        if !seen.insert((event.provider.as_str(), event.event_id.as_str())) {
+            claims.push(Claim::Taken);
+            continue;
+        }
+        // Claimed, unless the statement says otherwise below.
+        claims.push(Claim::Claimed);
+        let retention = i64::try_from(event.retention.as_secs()).unwrap_or(i64::MAX / 2);
+        rows.provider.push(event.provider.as_str());
+        rows.event_id.push(&event.event_id);
+        rows.event_type.push(&event.event_type);
+        rows.order_id.push(match &event.order_ref {
+            OrderRef::OrderId(id) => Some(id.as_str()),
+            _ => None,
+        });
+        rows.expires_at
+            .push(iso_seconds(now_unix.saturating_add(retention)));
+        rows.payment_ref.push(event.payment_ref());
+        rows.payload.push(payload);
+        rows.headers.push(event.headers.as_deref());
+    }
+    if rows.provider.is_empty() {
+        return Ok(claims);
+    }
+    let claimed = db.query(
         "INSERT INTO processed_events
              (provider, event_id, event_type, order_id, outcome, received_at, expires_at,
               payment_intent_id, payload, headers)
-         VALUES ($1, $2, $3, $4, 'processed', $5, $6, $7, $8, $9)
+         SELECT e.provider, e.event_id, e.event_type, e.order_id, 'processed', $1::text,
+                e.expires_at, e.payment_intent_id, e.payload, e.headers
+         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                     $8::text[], $9::text[])
+              WITH ORDINALITY AS e (provider, event_id, event_type, order_id, expires_at,
+                                    payment_intent_id, payload, headers, n)
+         ORDER BY e.n
          ON CONFLICT (provider, event_id) DO UPDATE SET
              event_type = excluded.event_type, order_id = excluded.order_id,
              outcome = excluded.outcome, received_at = excluded.received_at,
              expires_at = excluded.expires_at, payment_intent_id = excluded.payment_intent_id,
              payload = excluded.payload, headers = excluded.headers,
              rowid = DEFAULT
-         WHERE processed_events.expires_at <= excluded.received_at",
+         WHERE processed_events.expires_at <= excluded.received_at
+         RETURNING provider, event_id",
         &[
-            &event.provider.as_str(),
-            &event.event_id,
-            &event.event_type,
-            &known_order_id,
             &now,
-            &expires_at,
-            &payment_ref,
-            &payload,
-            &event.headers,
+            &rows.provider,
+            &rows.event_id,
+            &rows.event_type,
+            &rows.order_id,
+            &rows.expires_at,
+            &rows.payment_ref,
+            &rows.payload,
+            &rows.headers,
         ],
     )?;
-    if claimed == 0 {
-        return Ok(Outcome::Duplicate);
+    let claimed = claimed
+        .iter()
+        .map(|row| Ok((get::<String>(row, 0)?, get::<String>(row, 1)?)))
+        .collect::<Result<std::collections::HashSet<_>, StoreError>>()?;
+    for (claim, (event, _)) in claims.iter_mut().zip(deliveries) {
+        if *claim == Claim::Claimed
+            && !claimed.contains(&(event.provider.as_str().to_owned(), event.event_id.clone()))
+        {
+            *claim = Claim::Taken;
+        }
     }
+    Ok(claims)
+}
+
+/// The columns of the rows [`claim`] inserts, one array each.
+#[derive(Default)]
+struct ClaimRows<'a> {
+    provider: Vec<&'a str>,
+    event_id: Vec<&'a str>,
+    event_type: Vec<&'a str>,
+    order_id: Vec<Option<&'a str>>,
+    expires_at: Vec<String>,
+    payment_ref: Vec<Option<&'a str>>,
+    payload: Vec<&'a str>,
+    headers: Vec<Option<&'a str>>,
+}
+
+/// Applies the effects of `event`, whose claim this transaction has made ([`claim`]).
+pub fn apply_claimed(
+    db: &mut Db<'_, '_>,
+    event: &NormalizedEvent,
+    now_unix: i64,
+) -> Result<Outcome, StoreError> {
     fail::fail_point!("store::after_claim", |_| Err(StoreError::Injected(
         "store::after_claim"
     )));
-
+    let now = iso_seconds(now_unix);
+    let known_order_id = match &event.order_ref {
+        OrderRef::OrderId(id) => Some(id.as_str()),
+        _ => None,
+    };
     let (outcome, order_id) = resolve_and_apply(db, event, &now)?;
     if outcome != Outcome::Processed || order_id.as_deref() != known_order_id {
         set_event_outcome(
@@ -147,9 +247,21 @@ fn resolve_and_apply(
     // had to wait for another instance that has meanwhile made the name an alias of another
     // payment (and folded its row into it), the name is looked up again, and the payment it
     // now names is the one locked: as SQLite, running after that instance, would have found.
+    // The key of the order the event names is held with the payment's row (its key first, as
+    // every writer of both takes them), a round trip saved: see `lock_order` below.
+    let named_key = match &event.order_ref {
+        OrderRef::OrderId(named) => Some(super::order_key(named)),
+        _ => None,
+    };
     let mut reference = ledger::canonical_held(db, provider, &report.reference)?;
     let stored = loop {
-        match ledger::read_locked(db, provider, &reference, &report.reference)? {
+        match ledger::read_locked(
+            db,
+            provider,
+            &reference,
+            &report.reference,
+            named_key.as_deref(),
+        )? {
             ledger::Locked::Found(stored) => break Some(*stored),
             ledger::Locked::Absent { now_named } if now_named == reference => break None,
             ledger::Locked::Absent { now_named } => {
@@ -205,15 +317,15 @@ fn resolve_and_apply(
         }
     };
 
-    // The order's row is locked before it is read (`load_order`), and its key held when it has
-    // none yet: two instances changing one order (two of its payments, or a payment and an
+    // The order's row is locked before it is read (`load_order`), and its key held (with the
+    // payment's row when the event names the order) for when it has none yet: two instances changing one order (two of its payments, or a payment and an
     // operator's decision or the API's creation of it) compute it one after the other, each
     // from the other's result, instead of the later commit overwriting the earlier's.
-    let current = lock_order(db, &order_id)?;
-    let others: Vec<(String, ledger::StoredPayment)> = ledger::of_order(db, &order_id)?
-        .into_iter()
-        .filter(|(p, stored)| !(p == provider && stored.reference == reference))
-        .collect();
+    let current = match &event.order_ref {
+        OrderRef::OrderId(named) if *named == order_id => load_order(db, &order_id)?,
+        _ => lock_order(db, &order_id)?,
+    };
+    let others = ledger::others_of_order(db, &order_id, Some((provider, &reference)))?;
     let mut before_payments = ledger::views(&others);
     let mut after_payments = before_payments.clone();
     // A payment newly linked did not count for the order before this event.

@@ -108,7 +108,7 @@ pub fn load_locked(
     super::hold(db, &super::payment_key(provider, reference))?;
     // None when there is no row yet, or when another instance deleted it while this one waited
     // (it folded the payment into another as an alias).
-    match read_locked(db, provider, reference, reference)? {
+    match read_locked(db, provider, reference, reference, None)? {
         Locked::Found(stored) => Ok(Some(*stored)),
         Locked::Absent { .. } => Ok(None),
     }
@@ -146,12 +146,16 @@ pub enum Locked {
 
 /// The payment `reference` with its row locked (`FOR UPDATE`), its key held by the caller; when
 /// it has no row, what `name` (the name the delivery looked up) names now, read in the same
-/// statement, after the wait for the key: one round trip for what was two.
+/// statement, after the wait for the key: one round trip for what was two. With `then_hold`,
+/// that key ([`super::hold`]) is held too, after the payment's, as a delivery holds the key of
+/// the order it names: the wait for it cannot change what this statement read, which only a
+/// holder of the payment's key writes.
 pub fn read_locked(
     db: &mut Db<'_, '_>,
     provider: &str,
     reference: &str,
     name: &str,
+    then_hold: Option<&str>,
 ) -> Result<Locked, StoreError> {
     let row = db.query_one(
         "SELECT p.order_id, p.currency, p.requested, p.expected, p.authorized, p.captured,
@@ -159,12 +163,13 @@ pub fn read_locked(
                 p.undone, p.refunded_reported, p.refunded_reported_at, p.refund_count,
                 p.dispute_count, p.payment_ref IS NOT NULL,
                 coalesce((SELECT payment_ref FROM payment_aliases
-                          WHERE provider = $1::text AND alias = $3::text), $3::text)
+                          WHERE provider = $1::text AND alias = $3::text), $3::text),
+                pg_advisory_xact_lock(hashtextextended($4::text, 0))
          FROM (SELECT) AS one
          LEFT JOIN LATERAL (
              SELECT * FROM payments WHERE provider = $1::text AND payment_ref = $2::text
              FOR UPDATE) AS p ON true",
-        &[&provider, &reference, &name],
+        &[&provider, &reference, &name, &then_hold],
     )?;
     if !get::<bool>(&row, 16)? {
         return Ok(Locked::Absent {
@@ -307,6 +312,16 @@ pub fn of_order(
     db: &mut Db<'_, '_>,
     order_id: &str,
 ) -> Result<Vec<(String, StoredPayment)>, StoreError> {
+    others_of_order(db, order_id, None)
+}
+
+/// [`of_order`] but the payment `except` (provider, reference), which is not read: a delivery
+/// has read it already, locked.
+pub fn others_of_order(
+    db: &mut Db<'_, '_>,
+    order_id: &str,
+    except: Option<(&str, &str)>,
+) -> Result<Vec<(String, StoredPayment)>, StoreError> {
     let rows = db.query(
         "SELECT provider, payment_ref FROM payments WHERE order_id = $1
          ORDER BY provider, payment_ref",
@@ -316,6 +331,9 @@ pub fn of_order(
     for row in rows {
         let provider: String = get(&row, 0)?;
         let reference: String = get(&row, 1)?;
+        if except == Some((provider.as_str(), reference.as_str())) {
+            continue;
+        }
         if let Some(stored) = load(db, &provider, &reference)? {
             payments.push((provider, stored));
         }

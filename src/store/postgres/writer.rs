@@ -354,7 +354,8 @@ fn run_batch(
     let now_unix = clock.now_unix();
     let now_ms = clock.now_millis();
     // Deliveries and the relay's work first, optimistically, without savepoints: a savepoint
-    // costs two round trips per unit, and almost every batch succeeds whole. If one unit fails,
+    // costs two round trips per unit, and almost every batch succeeds whole. Every delivery of
+    // the batch is claimed first, in one statement (`events::claim`), then each applied. If one unit fails,
     // PostgreSQL has aborted the transaction: it is rolled back and the whole batch runs again
     // with a savepoint per unit, where that unit fails alone. Each can run twice: nothing was
     // committed or answered. API work cannot (its response is worded once, an `FnOnce`), so it
@@ -369,18 +370,33 @@ fn run_batch(
             .for_each(|(work, _)| unrun(work).fail(unavailable));
         return client.is_closed();
     };
-    // The units' results, or the first failure and whose it was.
-    let optimistic: Result<Vec<Ran>, (usize, StoreError)> = {
+    // The units' results, or the first failure and whose it was (none's: the batch's claim).
+    let optimistic: Result<Vec<Ran>, (Option<usize>, StoreError)> = (|| {
         let mut db = Db::new(&mut tx, statements);
+        // Every delivery's claim first, in one statement, in the batch's lock order.
+        let deliveries: Vec<_> = plain
+            .iter()
+            .filter_map(|(work, _)| match work {
+                Work::Delivery { event, payload, .. } => Some((event, payload.as_str())),
+                _ => None,
+            })
+            .collect();
+        let mut claims = events::claim(&mut db, &deliveries, now_unix, false)
+            .map_err(|e| (None, e))?
+            .into_iter();
         plain
             .iter()
             .enumerate()
             .map(|(index, (work, span))| {
                 let _entered = span.enter();
-                run_rerunnable(&mut db, work, now_unix, now_ms).map_err(|e| (index, e))
+                let claim = match work {
+                    Work::Delivery { .. } => claims.next(),
+                    _ => None,
+                };
+                run_rerunnable(&mut db, work, claim, now_unix, now_ms).map_err(|e| (Some(index), e))
             })
             .collect()
-    };
+    })();
     let (mut tx, mut done, batch) = match optimistic {
         Ok(ran) => {
             let done: Vec<Done> = plain
@@ -402,13 +418,30 @@ fn run_batch(
             }
             tracing::debug!(error = %crate::telemetry::ErrorChain(&e), "a unit failed: rerunning the batch with a savepoint each");
             let mut plain = plain;
-            if !e.is_conflict() {
+            match (failed, e.is_conflict()) {
+                // A conflict with another transaction runs again with the rest.
+                (_, true) => {}
                 // Its own failure (a lock timeout, a constraint): answered now, not waited
-                // for twice. A conflict with another transaction runs again with the rest.
-                let (work, span) = plain.remove(failed);
-                let _entered = span.enter();
-                tracing::error!(error = %crate::telemetry::ErrorChain(&e), "a unit of the batch failed and was rolled back alone");
-                unrun(work).fail(move || clone_kind(&e));
+                // for twice.
+                (Some(failed), false) => {
+                    let (work, span) = plain.remove(failed);
+                    let _entered = span.enter();
+                    tracing::error!(error = %crate::telemetry::ErrorChain(&e), "a unit of the batch failed and was rolled back alone");
+                    unrun(work).fail(move || clone_kind(&e));
+                }
+                // The batch's claim failed (a lock timeout: a table locked, an event another
+                // transaction holds too long): every delivery of the batch is answered with
+                // its error (503, which providers retry), not made to wait again one by one.
+                (None, false) => {
+                    let (deliveries, rest): (Vec<_>, Vec<_>) = plain
+                        .into_iter()
+                        .partition(|(work, _)| matches!(work, Work::Delivery { .. }));
+                    tracing::error!(error = %crate::telemetry::ErrorChain(&e), deliveries = deliveries.len(), "the batch's claim failed; its deliveries were rolled back");
+                    for (work, _) in deliveries {
+                        unrun(work).fail(|| clone_kind(&e));
+                    }
+                    plain = rest;
+                }
             }
             let Some(tx) = begin(client) else {
                 plain
@@ -498,17 +531,23 @@ impl Ran {
     }
 }
 
-/// Runs a unit that can run again (not API work) in the open transaction.
+/// Runs a unit that can run again (not API work) in the open transaction; a delivery whose
+/// claim the batch made (or found taken) as `claim` says.
 fn run_rerunnable(
     db: &mut Db<'_, '_>,
     work: &Work,
+    claim: Option<events::Claim>,
     now_unix: i64,
     now_ms: i64,
 ) -> Result<Ran, StoreError> {
     Ok(match work {
-        Work::Delivery { event, payload, .. } => Ran::Delivery(events::record_event_and_apply(
-            db, event, payload, now_unix,
-        )?),
+        Work::Delivery { event, payload, .. } => Ran::Delivery(match claim {
+            Some(events::Claim::Claimed) => events::apply_claimed(db, event, now_unix)?,
+            Some(events::Claim::Taken) => Outcome::Duplicate,
+            Some(events::Claim::Left) | None => {
+                events::record_event_and_apply(db, event, payload, now_unix)?
+            }
+        }),
         Work::OutboxClaim { request, .. } => {
             Ran::Claim(outbox::claim_due_in_transaction(db, request, now_ms)?)
         }
