@@ -39,12 +39,8 @@ pub fn record_event_and_apply(
     now_unix: i64,
 ) -> Result<Outcome, StoreError> {
     if let Some(legacy) = &event.legacy_event_id {
-        let known_order_id = match &event.order_ref {
-            OrderRef::OrderId(id) => Some(id.as_str()),
-            _ => None,
-        };
         let now = iso_seconds(now_unix);
-        if is_claimed_for_order(db, &event.provider, legacy, known_order_id, &now)? {
+        if is_claimed_for_order(db, &event.provider, legacy, named_order(event), &now)? {
             return Ok(Outcome::Duplicate);
         }
     }
@@ -53,6 +49,14 @@ pub fn record_event_and_apply(
         return Ok(Outcome::Duplicate);
     }
     apply_claimed(db, event, now_unix)
+}
+
+/// The order `event` names itself, if it does (else its payment's link says).
+fn named_order(event: &NormalizedEvent) -> Option<&str> {
+    match &event.order_ref {
+        OrderRef::OrderId(id) => Some(id),
+        _ => None,
+    }
 }
 
 /// What [`claim`] did with a delivery.
@@ -104,10 +108,7 @@ pub fn claim(
         rows.provider.push(event.provider.as_str());
         rows.event_id.push(&event.event_id);
         rows.event_type.push(&event.event_type);
-        rows.order_id.push(match &event.order_ref {
-            OrderRef::OrderId(id) => Some(id.as_str()),
-            _ => None,
-        });
+        rows.order_id.push(named_order(event));
         rows.expires_at
             .push(iso_seconds(now_unix.saturating_add(retention)));
         rows.payment_ref.push(event.payment_ref());
@@ -185,12 +186,8 @@ pub fn apply_claimed(
         "store::after_claim"
     )));
     let now = iso_seconds(now_unix);
-    let known_order_id = match &event.order_ref {
-        OrderRef::OrderId(id) => Some(id.as_str()),
-        _ => None,
-    };
     let (outcome, order_id) = resolve_and_apply(db, event, &now)?;
-    if outcome != Outcome::Processed || order_id.as_deref() != known_order_id {
+    if outcome != Outcome::Processed || order_id.as_deref() != named_order(event) {
         set_event_outcome(
             db,
             &event.provider,
@@ -249,10 +246,7 @@ fn resolve_and_apply(
     // now names is the one locked: as SQLite, running after that instance, would have found.
     // The key of the order the event names is held with the payment's row (its key first, as
     // every writer of both takes them), a round trip saved: see `lock_order` below.
-    let named_key = match &event.order_ref {
-        OrderRef::OrderId(named) => Some(super::order_key(named)),
-        _ => None,
-    };
+    let named_key = named_order(event).map(super::order_key);
     let mut reference = ledger::canonical_held(db, provider, &report.reference)?;
     let stored = loop {
         match ledger::read_locked(
@@ -318,12 +312,14 @@ fn resolve_and_apply(
     };
 
     // The order's row is locked before it is read (`load_order`), and its key held (with the
-    // payment's row when the event names the order) for when it has none yet: two instances changing one order (two of its payments, or a payment and an
-    // operator's decision or the API's creation of it) compute it one after the other, each
-    // from the other's result, instead of the later commit overwriting the earlier's.
-    let current = match &event.order_ref {
-        OrderRef::OrderId(named) if *named == order_id => load_order(db, &order_id)?,
-        _ => lock_order(db, &order_id)?,
+    // payment's row when the event names the order) for when it has none yet: two instances
+    // changing one order (two of its payments, or a payment and an operator's decision or the API's
+    // creation of it) compute it one after the other, each from the other's result, instead of the
+    // later commit overwriting the earlier's.
+    let current = if named_order(event) == Some(order_id.as_str()) {
+        load_order(db, &order_id)?
+    } else {
+        lock_order(db, &order_id)?
     };
     let others = ledger::others_of_order(db, &order_id, Some((provider, &reference)))?;
     let mut before_payments = ledger::views(&others);
@@ -526,14 +522,14 @@ pub(crate) struct OrderWrite<'a> {
     pub release_parked: Option<(&'a str, &'a str)>,
 }
 
-/// Writes what `write` says of the order `order_id` in its new `state`, in ONE statement (one
-/// round trip of the eight a delivery makes): the order's row, the change in the audit trail
-/// numbered among the order's, its row in `forward_outbox` while forwarding is on, and its
-/// notices in `email_outbox`, and the release of the payment's parked events. Every writer of an order holds it (its row locked, or its key when
-/// it has none yet) before it records a change, so two instances never count the same number.
-/// The parts touch different tables (or rows: the events released are parked, the delivery's
-/// own is not), so running them side by side in one snapshot (as
-/// PostgreSQL runs a statement's data-modifying `WITH` parts) is running them one after the
+/// Writes what `write` says of the order `order_id` in its new `state`, in ONE statement (one round
+/// trip of the six a delivery makes): the order's row, the change in the audit trail numbered
+/// among the order's, its row in `forward_outbox` while forwarding is on, and its notices in
+/// `email_outbox`, and the release of the payment's parked events. Every writer of an order holds
+/// it (its row locked, or its key when it has none yet) before it records a change, so two
+/// instances never count the same number. The parts touch different tables (or rows: the events
+/// released are parked, the delivery's own is not), so running them side by side in one snapshot
+/// (as PostgreSQL runs a statement's data-modifying `WITH` parts) is running them one after the
 /// other; the foreign keys are checked at the statement's end, after the order's insert.
 pub(crate) fn write_order(
     db: &mut Db<'_, '_>,

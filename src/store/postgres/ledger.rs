@@ -46,7 +46,8 @@ pub fn adopt_aliases(
         // commit, so its facts are folded in here rather than left behind on a row no one reads
         // again, and the events it parked under the alias are visible to the update below.
         let stored = load_locked(db, provider, alias)?;
-        // Events parked under the alias wait on the payment now (see `events::OrderWrite::release_parked`).
+        // Events parked under the alias wait on the payment now (see
+        // `events::OrderWrite::release_parked`).
         db.execute(
             "UPDATE processed_events SET payment_intent_id = $3
              WHERE outcome = 'parked' AND payment_intent_id = $2 AND provider = $1",
@@ -114,10 +115,10 @@ pub fn load_locked(
     }
 }
 
-/// The payment `reference` names (the one it is an alias of, else itself), with its key held ([`super::hold`]), in one statement:
-/// the name is looked up, then its key waited for, as a lookup and a hold one after the other
-/// would. Another instance that held the key meanwhile may have made the name an alias of
-/// another payment: [`read_locked`] says so.
+/// The payment `reference` names (the one it is an alias of, else itself), with its key held
+/// ([`super::hold`]), in one statement: the name is looked up, then its key waited for, as a lookup
+/// and a hold one after the other would. Another instance that held the key meanwhile may have made
+/// the name an alias of another payment: [`read_locked`] says so.
 pub fn canonical_held(
     db: &mut Db<'_, '_>,
     provider: &str,
