@@ -353,13 +353,13 @@ fn run_batch(
 ) -> bool {
     let now_unix = clock.now_unix();
     let now_ms = clock.now_millis();
-    // Deliveries and the relay's work first, optimistically, without savepoints: a savepoint
-    // costs two round trips per unit, and almost every batch succeeds whole. Every delivery of
-    // the batch is claimed first, in one statement (`events::claim`), then each applied. If one unit fails,
-    // PostgreSQL has aborted the transaction: it is rolled back and the whole batch runs again
-    // with a savepoint per unit, where that unit fails alone. Each can run twice: nothing was
-    // committed or answered. API work cannot (its response is worded once, an `FnOnce`), so it
-    // always runs in a savepoint of its own, after the rest.
+    // Deliveries and the relay's work first, optimistically, without savepoints: a savepoint costs
+    // two round trips per unit, and almost every batch succeeds whole. Every delivery of the batch
+    // is claimed first, in one statement (`events::claim`), then each applied. If one unit fails,
+    // PostgreSQL has aborted the transaction: it is rolled back and the whole batch runs again with
+    // a savepoint per unit, where that unit fails alone. Each can run twice: nothing was committed
+    // or answered. API work cannot (its response is worded once, an `FnOnce`), so it always runs in
+    // a savepoint of its own, after the rest.
     let (plain, api): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .partition(|(work, _)| !matches!(work, Work::Idempotent { .. }));
