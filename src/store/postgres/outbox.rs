@@ -8,6 +8,7 @@
 //! Several instances share the database, so the claim locks the rows it takes and skips those
 //! another instance is claiming (`FOR UPDATE SKIP LOCKED`): two relays never claim one row.
 
+use postgres::types::ToSql;
 use postgres::Row;
 
 use super::reads::{params, Filters};
@@ -95,38 +96,55 @@ fn locale_of(metadata: &str) -> Option<String> {
     value.get("locale")?.as_str().map(str::to_owned)
 }
 
+/// One result of a relay as a statement on `$table`: the row's update (`SET $set`), made only
+/// while the relay (`$2`) holds its lease, and the attempt recorded in `outbox_attempts` in the
+/// same statement (one round trip), only when the row was updated. Parameters: `$1` the row,
+/// `$2` the relay, `$3` now, `$4` the outbox's label, `$5` the attempt's result, `$6` its error;
+/// `$set` may use more after these.
+macro_rules! result_sql {
+    ($table:literal, $set:literal) => {
+        concat!(
+            "WITH changed AS (
+                 UPDATE ",
+            $table,
+            " SET ",
+            $set,
+            "
+                 WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text
+                   AND lease_until > $3::text
+                 RETURNING id)
+             INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
+             SELECT $4::text, id, $3::text, $2::text, $5::text, $6::text FROM changed"
+        )
+    };
+}
+
 /// A relay's three results (sent; failed or untried; skipped) as statements on `$table`: each
-/// outbox's must be a `&'static str` of its own ([`Db`] keeps statements by address). Each
-/// updates the row only while the relay (`$2`) holds its lease, and records the attempt in
-/// `outbox_attempts` in the same statement (one round trip): only when the row was updated.
+/// outbox's must be a `&'static str` of its own ([`Db`] keeps statements by address). A failed
+/// or untried one's error (`$6`) is the row's `last_error`; `$7` is when it is due again (none:
+/// dead), `$8` 1 when the transport was tried (0: untried).
 macro_rules! results_sql {
     ($table:literal) => {
         [
-            concat!("WITH changed AS (
-             UPDATE ", $table, " SET status = 'sent', attempts = attempts + 1, sent_at = $3::text,
-                first_tried_at = coalesce(first_tried_at, $3::text),
-                next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL
-             WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text
-             RETURNING id)
-         INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
-         SELECT $4::text, id, $3::text, $2::text, $5::text, $6::text FROM changed"),
-            concat!("WITH changed AS (
-             UPDATE ", $table, " SET attempts = attempts + $9::bigint, last_error = $6::text,
-                first_tried_at = CASE WHEN $9::bigint > 0 THEN coalesce(first_tried_at, $3::text)
-                                      ELSE first_tried_at END,
-                status = CASE WHEN $7::text IS NULL THEN 'dead' ELSE 'pending' END,
-                next_attempt_at = $7::text, lease_owner = NULL, lease_until = NULL
-             WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text
-             RETURNING id)
-         INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
-         SELECT $4::text, id, $3::text, $2::text, $5::text, $8::text FROM changed"),
-            concat!("WITH changed AS (
-             UPDATE ", $table, " SET status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
-                lease_until = NULL, last_error = 'no recipient address'
-             WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text AND lease_until > $3::text
-             RETURNING id)
-         INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
-         SELECT $4::text, id, $3::text, $2::text, $5::text, $6::text FROM changed"),
+            result_sql!(
+                $table,
+                "status = 'sent', attempts = attempts + 1, sent_at = $3::text,
+                 first_tried_at = coalesce(first_tried_at, $3::text),
+                 next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL"
+            ),
+            result_sql!(
+                $table,
+                "attempts = attempts + $8::bigint, last_error = $6::text,
+                 first_tried_at = CASE WHEN $8::bigint > 0 THEN coalesce(first_tried_at, $3::text)
+                                       ELSE first_tried_at END,
+                 status = CASE WHEN $7::text IS NULL THEN 'dead' ELSE 'pending' END,
+                 next_attempt_at = $7::text, lease_owner = NULL, lease_until = NULL"
+            ),
+            result_sql!(
+                $table,
+                "status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
+                 lease_until = NULL, last_error = 'no recipient address'"
+            ),
         ]
     };
 }
@@ -191,35 +209,23 @@ pub fn record_results_in_transaction(
     results
         .iter()
         .map(|result| {
-            let (what, attempt_error) = result.outcome.attempt();
+            let (what, error) = result.outcome.attempt();
             let label = outbox.label();
+            let attempt: [&(dyn ToSql + Sync); 6] =
+                [&result.id, &owner, &now, &label, &what, &error];
             let recorded = match &result.outcome {
-                SendOutcome::Sent => db.execute(
-                    sent,
-                    &[&result.id, &owner, &now, &label, &what, &attempt_error],
-                )?,
-                SendOutcome::Failed { error, retry_at_ms }
-                | SendOutcome::Untried { error, retry_at_ms } => {
+                SendOutcome::Sent => db.execute(sent, &attempt)?,
+                SendOutcome::Failed { retry_at_ms, .. }
+                | SendOutcome::Untried { retry_at_ms, .. } => {
                     let tried = i64::from(matches!(result.outcome, SendOutcome::Failed { .. }));
+                    let retry_at = retry_at_ms.map(iso_millis);
+                    let [id, owner, now, label, what, error] = attempt;
                     db.execute(
                         failed,
-                        &[
-                            &result.id,
-                            &owner,
-                            &now,
-                            &label,
-                            &what,
-                            error,
-                            &retry_at_ms.map(iso_millis),
-                            &attempt_error,
-                            &tried,
-                        ],
+                        &[id, owner, now, label, what, error, &retry_at, &tried],
                     )?
                 }
-                SendOutcome::Skipped => db.execute(
-                    skipped,
-                    &[&result.id, &owner, &now, &label, &what, &attempt_error],
-                )?,
+                SendOutcome::Skipped => db.execute(skipped, &attempt)?,
             };
             Ok(recorded == 1)
         })
