@@ -8,6 +8,7 @@
 //!   restart of sekali and nothing acknowledged lost;
 //! - a database a mistake names (a wrong password, an unreachable host, an unknown option, a
 //!   schema from a newer sekali) refused at startup with a message that names it and no secret;
+//! - a command on a database `serve` never used, or refused by the server, saying so;
 //! - `sekali copy` from the embedded SQLite file to PostgreSQL and back, every row kept;
 //! - a unix-socket URL (the host a percent-encoded directory) for `serve` and the commands.
 //!
@@ -431,6 +432,57 @@ fn a_database_url_with_a_mistake_is_refused_at_startup_naming_it_and_no_secret()
             "the database has schema version 99; this sekali knows up to {known}"
         )),
         "{too_new}"
+    );
+}
+
+/// `sekali ARGS…`, which must fail: what it printed to stderr.
+fn command_fails(args: &[&str]) -> String {
+    let output = std::process::Command::new(helpers::sekali_bin())
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{args:?} succeeded: {stderr}");
+    stderr
+}
+
+/// A first user's two traps with a command: pointing it at a database `serve` never used (a
+/// typo in the name, another database on the same server), and a server that refuses what the
+/// command asks (a role without the rights). Each says what is wrong, not "db error".
+#[test]
+fn a_command_says_when_its_database_has_no_sekali_tables_and_what_the_server_refused() {
+    let Some(cluster) = shared_cluster() else {
+        return;
+    };
+    let database = cluster.fresh_database();
+    let url = cluster.url(&database);
+    let empty = command_fails(&["events", "list", "--db", &url]);
+    assert!(
+        empty.contains(&format!(
+            "the database 127.0.0.1:{}/{database} (user postgres) holds no sekali tables (choose the database with --db or SEKALI_DB; sekali serve creates them)",
+            cluster.port()
+        )),
+        "{empty}"
+    );
+    // Nothing was created by looking.
+    assert_eq!(
+        count(
+            cluster,
+            &database,
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+        ),
+        0
+    );
+
+    let (status, logs) = serve(&url, &["--no-relay"]).stop();
+    assert!(status.success(), "{logs}");
+    let reader = format!("reader_{database}");
+    cluster.psql(&database, &format!("CREATE ROLE {reader} LOGIN"));
+    let as_reader = url.replace("postgres://postgres@", &format!("postgres://{reader}@"));
+    let refused = command_fails(&["outbox", "list", "--db", &as_reader]);
+    assert!(
+        refused.contains("permission denied for table email_outbox"),
+        "{refused}"
     );
 }
 

@@ -72,6 +72,10 @@ enum OpenError {
     /// knows only the path; which settings chose it is the command line's to say.
     #[error("database file {0} does not exist (choose the file with --db or SEKALI_DB; sekali serve creates it)")]
     Missing(String),
+    /// The same on a database server: the database exists (the server would have said
+    /// otherwise) but `serve` never ran on it.
+    #[error("the database {0} holds no sekali tables (choose the database with --db or SEKALI_DB; sekali serve creates them)")]
+    NoTables(String),
     #[error(transparent)]
     Store(StoreError),
 }
@@ -80,6 +84,7 @@ impl From<StoreError> for OpenError {
     fn from(error: StoreError) -> Self {
         match error {
             StoreError::Missing(path) => OpenError::Missing(path),
+            StoreError::NoTables(target) => OpenError::NoTables(target),
             other => OpenError::Store(other),
         }
     }

@@ -35,7 +35,9 @@ pub fn run(cli: Cli) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            // With its causes: a database server's error is "db error" by itself, and says
+            // what the server reported in its source.
+            eprintln!("error: {}", crate::telemetry::ErrorChain(&*e));
             ExitCode::FAILURE
         }
     }

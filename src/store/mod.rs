@@ -47,6 +47,10 @@ pub use model::{
 pub enum StoreError {
     #[error("database file {0} does not exist")]
     Missing(String),
+    /// A database server's database without sekali's tables, opened by a command that only
+    /// reads: not the database `serve` uses (which creates them), or not yet served.
+    #[error("the database {0} holds no sekali tables")]
+    NoTables(String),
     /// The file could not be opened or created; `reason` says why in terms of the file system
     /// (the directory is missing or not writable), which SQLite's "unable to open database file"
     /// does not.

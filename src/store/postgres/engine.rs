@@ -230,6 +230,8 @@ impl PgMaintenance {
                     let mut client = target.connect()?;
                     if writable {
                         schema::migrate(&mut client)?;
+                    } else if !schema::has_tables(&mut client)? {
+                        return Err(StoreError::NoTables(target.to_string()));
                     }
                     Ok::<_, StoreError>(client)
                 })

@@ -40,16 +40,21 @@ const V8_TRANSITIONS: &str = "
     CREATE INDEX IF NOT EXISTS order_transitions_unpublished ON order_transitions (id)
         WHERE position IS NULL;";
 
+/// True when sekali's tables are in the database (its version table is): a command that only
+/// reads says so, rather than failing on the first table it reads.
+pub fn has_tables(client: &mut impl postgres::GenericClient) -> Result<bool, StoreError> {
+    Ok(client
+        .query_one("SELECT to_regclass('sekali_schema') IS NOT NULL", &[])?
+        .try_get(0)?)
+}
+
 /// Brings the database to [`SCHEMA_VERSION`]: creates the tables in an empty database, leaves
 /// a current one as it is, refuses one written by a newer sekali, and one that holds sekali's
 /// tables without a version (made by hand, or restored without `sekali_schema`).
 pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
     let mut tx = client.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
-    let has_version_table: bool = tx
-        .query_one("SELECT to_regclass('sekali_schema') IS NOT NULL", &[])?
-        .try_get(0)?;
-    let version: Option<i64> = if has_version_table {
+    let version: Option<i64> = if has_tables(&mut tx)? {
         tx.query_opt("SELECT version FROM sekali_schema", &[])?
             .map(|row| row.try_get(0))
             .transpose()?
