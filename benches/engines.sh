@@ -18,15 +18,7 @@ events=${3:-100000}
 connections=${4:-64}
 export STRIPE_WEBHOOK_SECRET=whsec_ab_c2VrYWxpLWFi
 make_work_dir
-pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-as_pg=()
-[ "$(id -u)" -eq 0 ] && { chown postgres "$work"; as_pg=(runuser -u postgres --); }
-pg_port=$(free_port)
-"${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -A trust -U postgres --no-sync -E UTF8 --locale=C >/dev/null
-"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -w -l "$work/pg.log" \
-    -o "-k $work -p $pg_port -c listen_addresses='' -c fsync=on -c synchronous_commit=on -c max_connections=100 -c shared_buffers=256MB" start >/dev/null
-trap '"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true; kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-socket=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$work")
+start_postgres
 
 # run SIDE ROUND INSTANCES: one load against INSTANCES servers on SIDE's database.
 run() {
@@ -36,8 +28,8 @@ run() {
     if [ "$side" = sqlite ]; then
         db=$dir/sekali.db
     else
-        "${as_pg[@]}" "$pg_bin/psql" -h "$work" -p "$pg_port" -U postgres -qc "CREATE DATABASE r_${side}_$round" postgres
-        db="postgres://postgres@$socket:$pg_port/r_${side}_$round"
+        pg_sql postgres "CREATE DATABASE r_${side}_$round"
+        db="postgres://postgres@$pg_host:$pg_port/r_${side}_$round"
     fi
     sync
     for i in $(seq "$instances"); do

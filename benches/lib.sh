@@ -45,14 +45,45 @@ fill() {
 # keep the files (and delete them when no benchmark follows) to compare runs of several scripts.
 make_work_dir() {
     work=$(mktemp -d)
-    if [ "${SEKALI_BENCH_KEEP:-}" = 1 ]; then
-        trap 'kill $(jobs -p) 2>/dev/null || true; echo "the run'"'"'s files are kept in $work" >&2' EXIT
-    else
-        trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-    fi
+    trap bench_exit EXIT
     local device
     device=$(findmnt -n -o SOURCE -T "$work" 2>/dev/null | sed 's|^/dev/||')
     if [ -n "$device" ] && [ "$(cat "/sys/fs/ext4/$device/journal_task" 2>/dev/null)" = "<none>" ]; then
         echo "note: $work is on ext4 without a journal: runs that create files there within minutes of a large deletion are slowed by it (see benches/lib.sh)" >&2
     fi
+}
+
+# bench_exit: at the script's end, stops the PostgreSQL server start_postgres started and the
+# script's other servers, and deletes the run's files (or says where they are kept).
+bench_exit() {
+    if [ -n "${pg_data:-}" ]; then
+        "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_data" -m immediate stop >/dev/null 2>&1 || true
+    fi
+    kill $(jobs -p) 2>/dev/null || true
+    if [ "${SEKALI_BENCH_KEEP:-}" = 1 ]; then
+        echo "the run's files are kept in $work" >&2
+    else
+        rm -rf "$work"
+    fi
+}
+
+# start_postgres: a private PostgreSQL server in $work/pg (after make_work_dir), durable as
+# sekali requires (fsync and synchronous_commit on), listening on a unix socket in $work only.
+# Sets pg_bin, as_pg (the command prefix that runs its programs as the user postgres when this
+# runs as root), pg_port, pg_data, and pg_host (the socket directory, percent-encoded for a URL:
+# postgres://postgres@$pg_host:$pg_port/DB). pg_sql DB SQL runs SQL there.
+start_postgres() {
+    pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+    as_pg=()
+    [ "$(id -u)" -eq 0 ] && { chown postgres "$work"; as_pg=(runuser -u postgres --); }
+    pg_port=$(free_port)
+    "${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -A trust -U postgres --no-sync -E UTF8 --locale=C >/dev/null
+    pg_data=$work/pg
+    "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_data" -w -l "$work/pg.log" \
+        -o "-k $work -p $pg_port -c listen_addresses='' -c fsync=on -c synchronous_commit=on -c max_connections=100 -c shared_buffers=256MB" start >/dev/null
+    pg_host=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$work")
+}
+
+pg_sql() {
+    "${as_pg[@]}" "$pg_bin/psql" -h "$work" -p "$pg_port" -U postgres -v ON_ERROR_STOP=1 -qc "$2" "$1"
 }
