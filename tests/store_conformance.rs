@@ -179,6 +179,7 @@ macro_rules! conformance_suite {
                 a_claim_takes_the_oldest_due_rows_up_to_its_limit_under_a_lease,
                 a_leased_row_goes_to_no_other_relay_until_the_lease_runs_out,
                 a_result_is_recorded_only_while_its_relay_holds_the_lease,
+                a_result_after_its_lease_ran_out_is_refused_and_the_row_is_due_again,
                 sent_skipped_and_dead_rows_are_never_claimed_again,
                 a_failed_row_is_due_again_at_its_retry_time_and_not_before,
                 an_untried_row_counts_no_attempt,
@@ -1856,6 +1857,24 @@ mod suite {
         assert_eq!(t.row(unclaimed).status, "sent");
         assert_eq!(t.results("relay-a", &[(held, failed(None))]).await, [false]);
         assert_eq!(t.row(held).status, "sent");
+    }
+
+    /// A relay that overran its lease finds its result refused, even when no other relay has
+    /// claimed the row since: the row is as it was, due again, and the next claim takes it.
+    pub async fn a_result_after_its_lease_ran_out_is_refused_and_the_row_is_due_again(t: Ctx) {
+        let ids = receipts(&t, 1).await;
+        assert_eq!(t.claim("relay-a", 1).await.len(), 1);
+        t.advance(LEASE_MS as u64 / 1000);
+        let before = serde_json::to_value(t.row(ids[0])).unwrap();
+        for outcome in [SendOutcome::Sent, failed(None), SendOutcome::Skipped] {
+            assert_eq!(
+                t.results("relay-a", &[(ids[0], outcome.clone())]).await,
+                [false],
+                "{outcome:?}"
+            );
+        }
+        assert_eq!(serde_json::to_value(t.row(ids[0])).unwrap(), before);
+        assert_eq!(t.claim("relay-b", 1).await.len(), 1);
     }
 
     /// Sent (one attempt, sent now), skipped (no attempt) and dead (a counted failure with no

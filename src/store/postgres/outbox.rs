@@ -8,7 +8,6 @@
 //! Several instances share the database, so the claim locks the rows it takes and skips those
 //! another instance is claiming (`FOR UPDATE SKIP LOCKED`): two relays never claim one row.
 
-use postgres::types::ToSql;
 use postgres::Row;
 
 use super::reads::{params, Filters};
@@ -96,61 +95,42 @@ fn locale_of(metadata: &str) -> Option<String> {
     value.get("locale")?.as_str().map(str::to_owned)
 }
 
-/// One result of a relay as a statement on `$table`: the row's update (`SET $set`), made only
-/// while the relay (`$2`) holds its lease, and the attempt recorded in `outbox_attempts` in the
-/// same statement (one round trip), only when the row was updated. Parameters: `$1` the row,
-/// `$2` the relay, `$3` now, `$4` the outbox's label, `$5` the attempt's result, `$6` its error;
-/// `$set` may use more after these.
-macro_rules! result_sql {
-    ($table:literal, $set:literal) => {
+/// Every result of a relay's batch as ONE statement on `$table` (one round trip, where a
+/// statement per result cost one each): each row updated only while the relay (`$2`) holds its
+/// lease, and its attempt recorded in `outbox_attempts` in the same statement, only when it was.
+/// Parameters: `$1` the outbox's label, `$2` the relay, `$3` now; then one array each, a result
+/// an element: `$4` the row, `$5` its new status, `$6` the tries it counts (1 or 0), `$7` when it
+/// is due again (none: done or dead), `$8` its error (the row's `last_error` and the attempt's),
+/// `$9` the attempt's result. The rows are taken in the order given (by id): two relays that
+/// both hold a result for one row (a lease that ran out in between) lock it in the same order.
+/// Returns the ids recorded.
+macro_rules! results_sql {
+    ($table:literal) => {
         concat!(
             "WITH changed AS (
                  UPDATE ",
             $table,
-            " SET ",
-            $set,
-            "
-                 WHERE id = $1 AND status = 'pending' AND lease_owner = $2::text
-                   AND lease_until > $3::text
-                 RETURNING id)
+            " AS o SET status = r.status, attempts = o.attempts + r.tried,
+                     sent_at = CASE WHEN r.status = 'sent' THEN $3::text ELSE o.sent_at END,
+                     first_tried_at = CASE WHEN r.tried > 0 THEN coalesce(o.first_tried_at, $3::text)
+                                           ELSE o.first_tried_at END,
+                     next_attempt_at = r.retry_at, lease_owner = NULL, lease_until = NULL,
+                     last_error = r.error
+                 FROM unnest($4::bigint[], $5::text[], $6::bigint[], $7::text[], $8::text[],
+                             $9::text[]) WITH ORDINALITY
+                      AS r (id, status, tried, retry_at, error, result, n)
+                 WHERE o.id = r.id AND o.status = 'pending' AND o.lease_owner = $2::text
+                   AND o.lease_until > $3::text
+                 RETURNING o.id, r.result, r.error, r.n)
              INSERT INTO outbox_attempts (outbox, row_id, at, relay, result, error)
-             SELECT $4::text, id, $3::text, $2::text, $5::text, $6::text FROM changed"
+             SELECT $1::text, id, $3::text, $2::text, result, error FROM changed ORDER BY n
+             RETURNING row_id"
         )
     };
 }
 
-/// A relay's three results (sent; failed or untried; skipped) as statements on `$table`: each
-/// outbox's must be a `&'static str` of its own ([`Db`] keeps statements by address). A failed
-/// or untried one's error (`$6`) is the row's `last_error`; `$7` is when it is due again (none:
-/// dead), `$8` 1 when the transport was tried (0: untried).
-macro_rules! results_sql {
-    ($table:literal) => {
-        [
-            result_sql!(
-                $table,
-                "status = 'sent', attempts = attempts + 1, sent_at = $3::text,
-                 first_tried_at = coalesce(first_tried_at, $3::text),
-                 next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL, last_error = NULL"
-            ),
-            result_sql!(
-                $table,
-                "attempts = attempts + $8::bigint, last_error = $6::text,
-                 first_tried_at = CASE WHEN $8::bigint > 0 THEN coalesce(first_tried_at, $3::text)
-                                       ELSE first_tried_at END,
-                 status = CASE WHEN $7::text IS NULL THEN 'dead' ELSE 'pending' END,
-                 next_attempt_at = $7::text, lease_owner = NULL, lease_until = NULL"
-            ),
-            result_sql!(
-                $table,
-                "status = 'skipped', next_attempt_at = NULL, lease_owner = NULL,
-                 lease_until = NULL, last_error = 'no recipient address'"
-            ),
-        ]
-    };
-}
-
-static EMAIL_RESULTS: [&str; 3] = results_sql!("email_outbox");
-static FORWARD_RESULTS: [&str; 3] = results_sql!("forward_outbox");
+static EMAIL_RESULTS: &str = results_sql!("email_outbox");
+static FORWARD_RESULTS: &str = results_sql!("forward_outbox");
 
 /// `sekali outbox retry`'s statements on `$table`: look (locked), revive, make due.
 macro_rules! retry_sql {
@@ -199,37 +179,78 @@ pub fn record_results_in_transaction(
         "store::outbox_results"
     )));
     let now = iso_millis(now_ms);
-    // Each UPDATE checks the lease on the row's latest version (READ COMMITTED re-reads a row
+    // The UPDATE checks the lease on each row's latest version (READ COMMITTED re-reads a row
     // another transaction changed before updating it), so a result whose lease another
     // instance's claim took over meanwhile changes nothing.
-    let [sent, failed, skipped] = match outbox {
-        OutboxKind::Email => &EMAIL_RESULTS,
-        OutboxKind::Forward => &FORWARD_RESULTS,
+    let statement = match outbox {
+        OutboxKind::Email => EMAIL_RESULTS,
+        OutboxKind::Forward => FORWARD_RESULTS,
     };
-    results
+    // A row given twice is recorded once, by its first result, as if each ran alone (the second
+    // would find the lease given up).
+    let mut seen = std::collections::HashSet::new();
+    let mut ordered: Vec<&SendResult> = results.iter().filter(|r| seen.insert(r.id)).collect();
+    if ordered.is_empty() {
+        return Ok(Vec::new());
+    }
+    ordered.sort_by_key(|result| result.id);
+    let mut rows = ResultRows::default();
+    for result in ordered {
+        let (what, error) = result.outcome.attempt();
+        let (status, tried, retry_at) = match &result.outcome {
+            SendOutcome::Sent => ("sent", 1, None),
+            SendOutcome::Failed { retry_at_ms, .. } | SendOutcome::Untried { retry_at_ms, .. } => (
+                if retry_at_ms.is_some() {
+                    "pending"
+                } else {
+                    "dead"
+                },
+                i64::from(matches!(result.outcome, SendOutcome::Failed { .. })),
+                retry_at_ms.map(iso_millis),
+            ),
+            SendOutcome::Skipped => ("skipped", 0, None),
+        };
+        rows.id.push(result.id);
+        rows.status.push(status);
+        rows.tried.push(tried);
+        rows.retry_at.push(retry_at);
+        rows.error.push(error);
+        rows.result.push(what);
+    }
+    let recorded = db
+        .query(
+            statement,
+            &[
+                &outbox.label(),
+                &owner,
+                &now,
+                &rows.id,
+                &rows.status,
+                &rows.tried,
+                &rows.retry_at,
+                &rows.error,
+                &rows.result,
+            ],
+        )?
         .iter()
-        .map(|result| {
-            let (what, error) = result.outcome.attempt();
-            let label = outbox.label();
-            let attempt: [&(dyn ToSql + Sync); 6] =
-                [&result.id, &owner, &now, &label, &what, &error];
-            let recorded = match &result.outcome {
-                SendOutcome::Sent => db.execute(sent, &attempt)?,
-                SendOutcome::Failed { retry_at_ms, .. }
-                | SendOutcome::Untried { retry_at_ms, .. } => {
-                    let tried = i64::from(matches!(result.outcome, SendOutcome::Failed { .. }));
-                    let retry_at = retry_at_ms.map(iso_millis);
-                    let [id, owner, now, label, what, error] = attempt;
-                    db.execute(
-                        failed,
-                        &[id, owner, now, label, what, error, &retry_at, &tried],
-                    )?
-                }
-                SendOutcome::Skipped => db.execute(skipped, &attempt)?,
-            };
-            Ok(recorded == 1)
-        })
-        .collect()
+        .map(|row| super::get::<i64>(row, 0))
+        .collect::<Result<std::collections::HashSet<i64>, StoreError>>()?;
+    let mut answered = std::collections::HashSet::new();
+    Ok(results
+        .iter()
+        .map(|result| recorded.contains(&result.id) && answered.insert(result.id))
+        .collect())
+}
+
+/// The columns of [`results_sql`]'s arrays, one element a result.
+#[derive(Default)]
+struct ResultRows<'a> {
+    id: Vec<i64>,
+    status: Vec<&'static str>,
+    tried: Vec<i64>,
+    retry_at: Vec<Option<String>>,
+    error: Vec<Option<&'a str>>,
+    result: Vec<&'static str>,
 }
 
 /// `sekali outbox retry` (see [`Retried`]), in the caller's transaction (SQLite opened its own
