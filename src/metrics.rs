@@ -125,6 +125,8 @@ impl RefusalReason {
 pub enum OrdersApiResult {
     Created,
     Replayed,
+    /// 401: no token, or one that is not an API client's.
+    Unauthorized,
     /// 409: the key in flight, or the order id taken.
     Conflict,
     /// 422: the key reused with another request.
@@ -135,9 +137,10 @@ pub enum OrdersApiResult {
 }
 
 impl OrdersApiResult {
-    pub const ALL: [OrdersApiResult; 6] = [
+    pub const ALL: [OrdersApiResult; 7] = [
         OrdersApiResult::Created,
         OrdersApiResult::Replayed,
+        OrdersApiResult::Unauthorized,
         OrdersApiResult::Conflict,
         OrdersApiResult::KeyReused,
         OrdersApiResult::Invalid,
@@ -148,6 +151,7 @@ impl OrdersApiResult {
         match self {
             OrdersApiResult::Created => "created",
             OrdersApiResult::Replayed => "replayed",
+            OrdersApiResult::Unauthorized => "unauthorized",
             OrdersApiResult::Conflict => "conflict",
             OrdersApiResult::KeyReused => "key_reused",
             OrdersApiResult::Invalid => "invalid",
@@ -159,6 +163,7 @@ impl OrdersApiResult {
     pub fn of_status(status: u16) -> OrdersApiResult {
         match status {
             200..=299 => OrdersApiResult::Created,
+            401 => OrdersApiResult::Unauthorized,
             409 => OrdersApiResult::Conflict,
             422 => OrdersApiResult::KeyReused,
             400..=499 => OrdersApiResult::Invalid,

@@ -111,16 +111,22 @@ fn generated_order_id() -> String {
 
 /// Checks, in order: authentication (401), the key (400), the request (400, never stored), then
 /// the key's record. The claim, the order and the stored response commit in one transaction.
+/// Every answer is counted, those refused at the door too (a client whose token was revoked, a
+/// caller guessing tokens): their extractors' refusals come here rather than answer by
+/// themselves.
 pub async fn create_order(
-    client: ApiClient,
-    key: IdempotencyKey,
+    client: Result<ApiClient, Problem>,
+    key: Result<IdempotencyKey, Problem>,
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
     use crate::metrics::OrdersApiResult;
     let metrics = state.metrics.clone();
-    let answer = answer_create_order(client, key, req, payload, state).await;
+    let answer = match (client, key) {
+        (Err(refused), _) | (Ok(_), Err(refused)) => Err(refused),
+        (Ok(client), Ok(key)) => answer_create_order(client, key, req, payload, state).await,
+    };
     metrics.orders_api(match &answer {
         Ok(response) if response.headers().contains_key("idempotent-replayed") => {
             OrdersApiResult::Replayed

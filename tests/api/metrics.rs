@@ -56,6 +56,7 @@ async fn every_series_is_there_from_startup_at_zero_in_the_prometheus_text_forma
         r#"sekali_delivery_duration_seconds_count{provider="stripe"}"#,
         r#"sekali_orders_api_requests_total{result="created"}"#,
         r#"sekali_orders_api_requests_total{result="conflict"}"#,
+        r#"sekali_orders_api_requests_total{result="unauthorized"}"#,
         r#"sekali_outbox_pending{outbox="email"}"#,
         r#"sekali_outbox_dead{outbox="forward"}"#,
         r#"sekali_outbox_oldest_due_age_seconds{outbox="email"}"#,
@@ -128,6 +129,27 @@ async fn deliveries_refusals_and_order_requests_are_counted_as_answered_and_no_i
             .unwrap();
         assert_eq!(response.status().as_u16(), 201);
     }
+    // Refused at the door: a token that is no client's, then a client without a key.
+    let refused = |token: &'static str, key: Option<&'static str>| {
+        let mut request = app
+            .client
+            .post(format!("{}/orders", app.address))
+            .insert_header(("Authorization", format!("Bearer {token}")))
+            .insert_header(("Content-Type", "application/json"));
+        if let Some(key) = key {
+            request = request.insert_header(("Idempotency-Key", key));
+        }
+        request.send_body(order)
+    };
+    assert_eq!(
+        refused("not-a-token", Some("metrics-key-2"))
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        401
+    );
+    assert_eq!(refused(TOKEN, None).await.unwrap().status().as_u16(), 400);
     let (_, text) = scrape(&app).await;
     let at = |series: &str| value(&text, series).unwrap_or_else(|| panic!("{series} in:\n{text}"));
     assert_eq!(
@@ -160,6 +182,14 @@ async fn deliveries_refusals_and_order_requests_are_counted_as_answered_and_no_i
     );
     assert_eq!(
         at(r#"sekali_orders_api_requests_total{result="replayed"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"sekali_orders_api_requests_total{result="unauthorized"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"sekali_orders_api_requests_total{result="invalid"}"#),
         1.0
     );
     assert_eq!(at("sekali_writer_deliveries_total"), 2.0);
