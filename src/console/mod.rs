@@ -40,6 +40,9 @@ const OUTBOX_ROWS: u32 = 200;
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
         web::scope("/console")
+            // The answers no handler wrote (a form or a path actix could not read: a 400, a 404)
+            // carry the console's headers too; a handler's own headers are left as they are.
+            .wrap(render::default_headers())
             .route("", web::get().to(overview))
             .route("/", web::get().to(overview))
             .route("/login", web::get().to(login_page))

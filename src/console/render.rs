@@ -99,16 +99,31 @@ pub fn page(status: StatusCode, template: &str, context: Value) -> HttpResponse 
 }
 
 /// The headers every console answer carries.
+const HEADERS: [(header::HeaderName, &str); 5] = [
+    (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    (header::CACHE_CONTROL, "no-store"),
+    // same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with its
+    // form posts, which the origin check must refuse.
+    (header::REFERRER_POLICY, "same-origin"),
+    (header::X_FRAME_OPTIONS, "DENY"),
+];
+
+/// `builder` with the headers every console answer carries.
 pub fn with_headers(mut builder: actix_web::HttpResponseBuilder) -> actix_web::HttpResponseBuilder {
+    for header in HEADERS {
+        builder.insert_header(header);
+    }
     builder
-        .insert_header((header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY))
-        .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
-        .insert_header((header::CACHE_CONTROL, "no-store"))
-        // same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with
-        // its form posts, which the origin check must refuse.
-        .insert_header((header::REFERRER_POLICY, "same-origin"))
-        .insert_header((header::X_FRAME_OPTIONS, "DENY"));
-    builder
+}
+
+/// The same headers on every answer of the console's scope that lacks them: those actix
+/// writes itself, when an extractor refuses a request before any handler runs.
+pub fn default_headers() -> actix_web::middleware::DefaultHeaders {
+    HEADERS.into_iter().fold(
+        actix_web::middleware::DefaultHeaders::new(),
+        |headers, header| headers.add(header),
+    )
 }
 
 #[cfg(test)]

@@ -1062,6 +1062,24 @@ fn every_console_page_sends_its_csp_nosniff_and_no_store_and_no_script() {
         &[],
     );
     assert_refused(&forbidden, 403, "a wrong csrf");
+    // Refused before any handler ran, by actix reading the request: a body that is not a form,
+    // a path whose row id is not a number.
+    let unreadable_form = answer(
+        agent()
+            .post(&format!("http://127.0.0.1:{}/console/login", server.port))
+            .set("Content-Type", "application/json")
+            .send_string(r#"{"token":"x"}"#),
+        "a body that is not a form",
+    );
+    assert_eq!(unreadable_form.status, 415, "{unreadable_form:?}");
+    assert_security_headers(&unreadable_form, "a form actix could not read");
+    let unreadable_path = console.post(
+        "/console/outbox/email/not-a-number/retry",
+        &[("csrf", "x")],
+        &[],
+    );
+    assert_eq!(unreadable_path.status, 404, "{unreadable_path:?}");
+    assert_security_headers(&unreadable_path, "a path actix could not read");
     // The stylesheet: CSS, nosniff.
     let css = console.get("/console/static/console.css");
     assert_eq!(css.status, 200, "{css:?}");
