@@ -290,6 +290,7 @@ impl Application {
             console_tokens: settings.console_tokens.clone(),
             db: settings.db.clone(),
             health_probe: Default::default(),
+            login_throttle: Default::default(),
         });
         let workers = match settings.workers {
             0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
@@ -338,6 +339,7 @@ impl Application {
                     console_tokens: Vec::new(),
                     db: settings.db.clone(),
                     health_probe: Default::default(),
+                    login_throttle: Default::default(),
                 });
                 let bound = HttpServer::new(move || {
                     App::new()

@@ -11,6 +11,9 @@
 
 mod render;
 pub mod session;
+mod throttle;
+
+pub use throttle::LoginThrottle;
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -295,6 +298,22 @@ async fn login(
             "Refused",
             "This login was sent from another site's page.",
         );
+    }
+    if let Some(address) = req.peer_addr().map(|a| a.ip()) {
+        if let Err(wait) = state.login_throttle.take(address) {
+            let seconds = wait.as_secs() + 1;
+            tracing::warn!(%address, "console login refused: too many tries from this address");
+            let mut response = login_form(
+                StatusCode::TOO_MANY_REQUESTS,
+                Some(&format!(
+                    "Too many logins from this address: try again in {seconds} s."
+                )),
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+            return response;
+        }
     }
     match crate::config::matching_token(&state.console_tokens, form.token.trim()) {
         Some(token) => {

@@ -49,6 +49,8 @@ pub struct AppState {
     pub db: crate::store::Location,
     /// `/healthz`'s last write probe, shared so that probes come at most once a second.
     pub health_probe: health::WriteProbe,
+    /// The console's login tries left per client address.
+    pub login_throttle: crate::console::LoginThrottle,
 }
 
 /// Deliveries answered 503 because the write queue was full, per provider, since the last

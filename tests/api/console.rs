@@ -1131,6 +1131,41 @@ fn the_referrer_policy_lets_a_browser_send_the_consoles_origin_with_its_forms() 
     }
 }
 
+/// Guessing tokens from one address goes nowhere: twenty tries at once (an operator mistyping,
+/// a script logging in a few times), then 429 with the time to come back, for the right token
+/// too, and no session.
+#[test]
+fn logins_from_one_address_are_refused_after_twenty_and_told_when_to_try_again() {
+    let server = serve_console();
+    let mut guesser = Console::new(server.port);
+    let mut tries = 0;
+    let refused = loop {
+        tries += 1;
+        let page = guesser.log_in(&format!("guess-{tries}"));
+        if page.status != 401 {
+            break page;
+        }
+        assert!(tries < 40, "still 401 after {tries} tries");
+    };
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert!(tries > 20, "refused after {tries} tries, fewer than twenty");
+    let retry_after: u64 = refused
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("Retry-After: {refused:?}"));
+    assert!((1..=7).contains(&retry_after), "Retry-After {retry_after}");
+    assert!(
+        refused.body.contains("Too many logins from this address"),
+        "{}",
+        refused.body
+    );
+    assert_console_html(&refused, "a refused login");
+    let right = guesser.log_in(CONSOLE_TOKEN);
+    assert_eq!(right.status, 429, "{right:?}");
+    assert!(right.session_cookie().is_none(), "{right:?}");
+    assert!(guesser.cookie.is_none());
+}
+
 #[test]
 fn without_a_session_pages_redirect_to_the_login_and_posts_are_refused() {
     let server = serve_with_an_order();
