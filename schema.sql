@@ -1,4 +1,4 @@
--- sekali schema, version 9 (PRAGMA user_version = 9).
+-- sekali schema, version 10 (PRAGMA user_version = 10).
 --
 -- Applied at startup, idempotently, by src/store/sqlite/schema.rs, which embeds this file in the
 -- binary.
@@ -67,11 +67,16 @@ CREATE TABLE IF NOT EXISTS processed_events (
 );
 
 -- Indexes cost every delivery a B-tree insert, so only those the service itself needs exist:
--- the purge's (expires_at) and the parked lookup (the events whose outcome a payment's link
--- turns to processed). Listing uses rowid, which is arrival order.
+-- the purge's (expires_at), the parked lookup (the events whose outcome a payment's link
+-- turns to processed), and an order's events newest first (the console's order page,
+-- `sekali events list --order`), which would otherwise read the whole table for an old order
+-- (version 10; the index holds the rowid behind the order id). Listing uses rowid, which is
+-- arrival order.
 CREATE INDEX IF NOT EXISTS processed_events_expires_at ON processed_events (expires_at);
 CREATE INDEX IF NOT EXISTS processed_events_parked
     ON processed_events (payment_intent_id) WHERE outcome = 'parked';
+CREATE INDEX IF NOT EXISTS processed_events_order
+    ON processed_events (order_id) WHERE order_id IS NOT NULL;
 
 -- The shop's orders, created through the API (POST /orders) or first seen in a webhook, and
 -- moved by the webhooks. Never purged.

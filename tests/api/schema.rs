@@ -547,6 +547,87 @@ async fn a_version_8_database_keeps_its_events_and_gains_headers_and_the_tries_l
     app.stop().await;
 }
 
+/// Version 10 reads an order's events through an index of their order (the console's order
+/// page, `sekali events list --order`), where version 9 read the whole table: a version-9
+/// database gains it in place, on both engines, and lists the order's events, old and new.
+#[actix_web::test]
+async fn a_version_9_database_gains_the_index_of_an_orders_events_and_lists_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::fresh(dir.path().join("v9.db"));
+    match &db {
+        Database::File(path) => {
+            let conn = Connection::open(path).unwrap();
+            conn.execute_batch(include_str!("../../fixtures/schema-v9.sql"))
+                .unwrap();
+            conn.execute_batch("PRAGMA user_version = 9").unwrap();
+        }
+        Database::Server(_) => db.execute(&format!(
+            "{} INSERT INTO sekali_schema (version) VALUES (9);",
+            include_str!("../../fixtures/postgres-schema-v9.sql")
+        )),
+    }
+    let index = match &db {
+        Database::File(_) => {
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'processed_events_order'"
+        }
+        Database::Server(_) => {
+            "SELECT count(*) FROM pg_indexes WHERE indexname = 'processed_events_order'"
+        }
+    };
+    assert_eq!(db.count(index), 0, "version 9 had no such index");
+    db.execute(
+        "INSERT INTO processed_events (provider, event_id, event_type, order_id, outcome,
+                                       received_at, expires_at, payload)
+         VALUES ('stripe', 'evt_v9_old', 'charge.updated', 'ord_1001', 'stale',
+                 '2026-11-01T10:00:00Z', '2099-01-01T00:00:00Z', '{}')",
+    );
+    let v9 = db.location();
+    let app = spawn_app_with(move |settings| settings.db = v9).await;
+    assert_eq!(stored_version(&app.database), SCHEMA_VERSION);
+    assert_eq!(app.count(index), 1);
+    assert_eq!(
+        app.deliver_stripe("payment_intent.succeeded")
+            .await
+            .outcome(),
+        "processed"
+    );
+    let listed = std::process::Command::new(sekali_bin())
+        .args(["events", "list", "--json", "--order", "ord_1001", "--db"])
+        .arg(app.database.arg())
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    let ids: Vec<String> = String::from_utf8(listed.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["event_id"].to_string()
+        })
+        .collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids[1].contains("evt_v9_old"), "newest first: {ids:?}");
+    if let Database::File(path) = &app.database {
+        // SQLite's plan for the listing's statement: the index, not a scan of the table.
+        let plan: Vec<String> = Connection::open(path)
+            .unwrap()
+            .prepare(
+                "EXPLAIN QUERY PLAN SELECT event_id FROM processed_events
+                 WHERE order_id = 'ord_1001' ORDER BY rowid DESC LIMIT 50",
+            )
+            .unwrap()
+            .query_map([], |row| row.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("processed_events_order")),
+            "{plan:?}"
+        );
+    }
+    app.stop().await;
+}
+
 #[actix_web::test]
 async fn a_new_database_starts_at_the_current_version() {
     let app = spawn_app().await;

@@ -8,6 +8,8 @@
 //! 8. `order_transitions.sequence`, `.amount`, `.currency` (as in SQLite) and `.position` (the
 //!    change feed's place; the rows before get theirs in id order) with its indexes, added in
 //!    place; the forwarding tables, `forward_state` and `forward_outbox`.
+//! 9. `processed_events.headers` and `outbox_attempts`, added in place.
+//! 10. The index of an order's events (`processed_events_order`), built in place.
 
 use postgres::Client;
 
@@ -80,6 +82,15 @@ pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
                 )?;
                 // outbox_attempts.
                 tx.batch_execute(SCHEMA_SQL)?;
+            }
+            if found < 10 {
+                // Built under the migration's lock, in its transaction: deliveries of instances
+                // running an older sekali on the same database wait for it (or get 503 after
+                // their lock timeout, which providers retry) while it is built.
+                tx.batch_execute(
+                    "CREATE INDEX IF NOT EXISTS processed_events_order
+                         ON processed_events (order_id, rowid) WHERE order_id IS NOT NULL",
+                )?;
             }
             tx.execute("UPDATE sekali_schema SET version = $1", &[&SCHEMA_VERSION])?;
             tracing::info!(

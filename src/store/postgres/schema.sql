@@ -1,5 +1,5 @@
--- sekali schema, version 9, for PostgreSQL 15: the translation of the top-level schema.sql
--- (SQLite, PRAGMA user_version = 9). Same tables, same column names in the same order (but for
+-- sekali schema, version 10, for PostgreSQL 15: the translation of the top-level schema.sql
+-- (SQLite, PRAGMA user_version = 10). Same tables, same column names in the same order (but for
 -- processed_events.rowid, PostgreSQL's own, before the column added after it), same
 -- meaning and the same constraints, so that psql users see the tables an sqlite3 user sees.
 --
@@ -110,13 +110,16 @@ CREATE TABLE IF NOT EXISTS processed_events (
 );
 
 -- Indexes cost every delivery a B-tree insert, so only those the service itself needs exist:
--- the purge's (expires_at) and the parked lookup (the events whose outcome a payment's link
--- turns to processed). In PostgreSQL also the arrival order's, which SQLite's table B-tree, keyed
--- by rowid, gives for nothing; unique, as a rowid is.
+-- the purge's (expires_at), the parked lookup (the events whose outcome a payment's link
+-- turns to processed), and an order's events newest first (the console's order page,
+-- `sekali events list --order`; version 10). In PostgreSQL also the arrival order's, which
+-- SQLite's table B-tree, keyed by rowid, gives for nothing; unique, as a rowid is.
 CREATE INDEX IF NOT EXISTS processed_events_expires_at ON processed_events (expires_at);
 CREATE INDEX IF NOT EXISTS processed_events_parked
     ON processed_events (payment_intent_id) WHERE outcome = 'parked';
 CREATE UNIQUE INDEX IF NOT EXISTS processed_events_rowid ON processed_events (rowid);
+CREATE INDEX IF NOT EXISTS processed_events_order
+    ON processed_events (order_id, rowid) WHERE order_id IS NOT NULL;
 
 -- The shop's orders, created through the API (POST /orders) or first seen in a webhook, and
 -- moved by the webhooks. Never purged. (WITHOUT ROWID in SQLite.)

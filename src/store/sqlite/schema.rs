@@ -33,16 +33,21 @@
 //!    order's at the change): what the change feed serves. Added in place; earlier rows get
 //!    their numbers in id order, and their order's amount and currency as they are now. The
 //!    forwarding tables, `forward_state` and `forward_outbox`.
+//! 9. `processed_events.headers` (the request's headers that are no secret, for the console)
+//!    and `outbox_attempts` (each try of an outbox row), added in place.
+//! 10. The index of an order's events (`processed_events_order`), built in place: the
+//!     console's order page and `sekali events list --order` read an order's events through it
+//!     instead of the whole table.
 
 use rusqlite::{Connection, OptionalExtension};
 
 use super::StoreError;
 
-/// The text of `schema.sql`: version 8.
+/// The text of `schema.sql`: version 10.
 pub const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// CHECK constraints rewritten in place, in order: (the version whose text `new` is, table, the
 /// text before it, `new`). Each new text accepts every value the old one did, so no stored row
@@ -115,6 +120,11 @@ const V8_TRANSITIONS: &str = "
 
 /// Brings the database to [`SCHEMA_VERSION`]. Idempotent, and safe when several processes start
 /// at once: the version is read again inside the write transaction.
+/// Version 10's index, as `schema.sql` has it (a file older than version 9 has it already: an
+/// earlier step ran `schema.sql`, which creates what is missing).
+const V10_ORDER_EVENTS: &str = "CREATE INDEX IF NOT EXISTS processed_events_order
+    ON processed_events (order_id) WHERE order_id IS NOT NULL";
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version = user_version(conn)?;
     if version == SCHEMA_VERSION {
@@ -214,6 +224,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
                 conn.execute_batch("ALTER TABLE processed_events ADD COLUMN headers TEXT")?;
                 // outbox_attempts.
                 conn.execute_batch(SCHEMA_SQL)?;
+            }
+            if version < 10 {
+                conn.execute_batch(V10_ORDER_EVENTS)?;
             }
         }
         if (1..3).contains(&version) {
