@@ -56,6 +56,13 @@ fn validate(body: &[u8]) -> Result<(CreateOrderRequest, serde_json::Value), Prob
                 "order_id must be 1-64 characters of letters, digits, '-', '_', '.' or ':'",
             ));
         }
+        // The order is read at /orders/{order_id}, and a URL's path segment "." or ".." is
+        // removed by every client that resolves it (its Location would lead elsewhere).
+        if id == "." || id == ".." {
+            return Err(Problem::invalid_request(
+                "order_id cannot be \".\" or \"..\": the order is read at /orders/{order_id}, where a client resolves those as the path itself",
+            ));
+        }
     }
     if request.amount <= 0 {
         return Err(Problem::invalid_request(

@@ -637,6 +637,28 @@ async fn a_fractional_amount_is_told_that_amounts_are_integers_in_minor_units() 
     }
 }
 
+/// An order is read at `/orders/{order_id}`: an id that a client's URL resolution would remove
+/// from that path ("." and "..", percent-encoded or not) is refused, naming why, and nothing is
+/// stored; an id with dots in it is fine.
+#[actix_web::test]
+async fn an_order_id_that_is_a_path_step_is_refused_naming_why() {
+    let app = spawn_api().await;
+    for id in [".", ".."] {
+        let body = format!(
+            r#"{{"order_id": "{id}", "amount": 1500, "currency": "usd", "provider": "stripe"}}"#
+        );
+        let reply = create(&app, SHOP, &format!("k-dots-{}", id.len()), &body).await;
+        assert_eq!(reply.status, 400, "{id}: {}", reply.body);
+        let detail = reply.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("/orders/{order_id}"), "{detail}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM orders"), 0);
+    let body = r#"{"order_id": "...", "amount": 1500, "currency": "usd", "provider": "stripe"}"#;
+    let dots = create(&app, SHOP, "k-dots-3", body).await;
+    assert_eq!(dots.status, 201, "{}", dots.body);
+    assert_eq!(dots.location.as_deref(), Some("/orders/..."));
+}
+
 /// Fails on the version whose 201 had no `Location`.
 #[actix_web::test]
 async fn a_created_order_says_where_it_is_read_and_its_replay_says_the_same() {
