@@ -77,15 +77,35 @@ fn segment(text: &str) -> String {
     utf8_percent_encode(text, SEGMENT).to_string()
 }
 
+/// An id as a path segment of the console's links. A segment "." or ".." (or one of them
+/// percent-encoded) is a step of the path, which a browser resolves before it asks, so such an
+/// id (a provider's, not the orders API's) would link to another page: it, and every id that
+/// starts with `~`, is written with a `~` in front, which [`id_of_segment`] takes off.
+fn id_segment(id: &str) -> String {
+    if id == "." || id == ".." || id.starts_with('~') {
+        segment(&format!("~{id}"))
+    } else {
+        segment(id)
+    }
+}
+
+/// The id a path segment of [`id_segment`] stands for (actix has decoded it).
+fn id_of_segment(segment: String) -> String {
+    match segment.strip_prefix('~') {
+        Some(id) => id.to_owned(),
+        None => segment,
+    }
+}
+
 fn order_href(order_id: &str) -> String {
-    format!("/console/orders/{}", segment(order_id))
+    format!("/console/orders/{}", id_segment(order_id))
 }
 
 fn event_href(provider: &str, event_id: &str) -> String {
     format!(
         "/console/events/{}/{}",
         segment(provider),
-        segment(event_id)
+        id_segment(event_id)
     )
 }
 
@@ -628,6 +648,7 @@ async fn event(
         Err(answer) => return *answer,
     };
     let (provider, event_id) = path.into_inner();
+    let event_id = id_of_segment(event_id);
     // The event, and what it did: the changes of its order that name it.
     let found = {
         let event_id = event_id.clone();
@@ -770,7 +791,7 @@ async fn order(
         Ok(session) => session,
         Err(answer) => return *answer,
     };
-    let order_id = path.into_inner();
+    let order_id = id_of_segment(path.into_inner());
     let found = {
         let order_id = order_id.clone();
         with_db(&state, false, move |db| story(db, &order_id)).await
@@ -857,7 +878,7 @@ async fn set_status(
         Ok(session) => session,
         Err(refused) => return *refused,
     };
-    let order_id = path.into_inner();
+    let order_id = id_of_segment(path.into_inner());
     let bad = |message: &str| {
         problem(
             StatusCode::BAD_REQUEST,

@@ -1412,6 +1412,77 @@ fn an_event_id_of_any_characters_is_inert_and_its_link_opens_its_page() {
     );
 }
 
+/// A provider's ids may be "." or "..", which a browser takes as steps of the link's path (and
+/// so does ureq here), or start with the `~` that marks those: every link still opens the page
+/// of its own id, and the order page's form sets that order's status.
+#[test]
+fn ids_that_are_path_steps_link_to_their_own_pages() {
+    let server = serve_console();
+    let db = server.db().clone();
+    for (event_id, order_id) in [("..", "."), ("~evt", "~ord"), (".", "..")] {
+        deliver(
+            &server,
+            &succeeded(event_id, order_id, "ana@example.com", "Order"),
+        );
+    }
+    let console = Console::logged_in(server.port);
+    let events = console.get("/console/events");
+    let links: Vec<(String, String)> = events
+        .tags()
+        .into_iter()
+        .filter(|t| t.name == "a")
+        .filter_map(|t| {
+            let href = t.attr("href")?.to_owned();
+            let text = decode(inner_html(&events.body, &t));
+            (href.starts_with("/console/events/stripe/") || href.starts_with("/console/orders/"))
+                .then_some((href, text))
+        })
+        .collect();
+    assert_eq!(links.len(), 6, "{links:?}");
+    for (href, id) in &links {
+        let page = console.get(href);
+        assert_session_page(&page, href);
+        let kind = if href.starts_with("/console/orders/") {
+            "Order"
+        } else {
+            "Event"
+        };
+        assert_eq!(page.text_of_h1(), format!("{kind} {id}"), "{href}");
+    }
+    let order = console.get(
+        &links
+            .iter()
+            .find(|(href, id)| href.starts_with("/console/orders/") && id == "..")
+            .unwrap()
+            .0,
+    );
+    let action = order
+        .tags()
+        .into_iter()
+        .find(|t| t.name == "form" && t.attr("id") == Some("set-status"))
+        .and_then(|t| t.attr("action").map(str::to_owned))
+        .unwrap();
+    let set = console.post(
+        &action,
+        &[
+            ("status", "cancelled"),
+            ("reason", "a test"),
+            ("csrf", &console.csrf()),
+        ],
+        &[],
+    );
+    assert_eq!(set.status, 303, "{set:?}");
+    assert_eq!(
+        operator_transitions(&db),
+        [vec![
+            Some("..".to_owned()),
+            Some("cancelled".to_owned()),
+            Some(OPERATOR.to_owned()),
+            Some("a test".to_owned()),
+        ]]
+    );
+}
+
 #[test]
 fn hostile_text_from_outside_is_inert_and_escaped_in_the_html() {
     let server = serve_console();
