@@ -267,13 +267,13 @@ pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let shown = match authority.rsplit_once('@') {
+    // The credentials end at the first `@`, wherever it is, as the driver reads them: a
+    // password with a `/` or `?` in it (not percent-encoded) still connects, and is still one.
+    let shown = match rest.split_once('@') {
         Some((user_part, hosts)) => {
             let user = user_part.split(':').next().unwrap_or("");
             let hidden = if user_part.contains(':') { ":***" } else { "" };
-            format!("{scheme}://{user}{hidden}@{hosts}{tail}")
+            format!("{scheme}://{user}{hidden}@{hosts}")
         }
         None => url.to_owned(),
     };
@@ -305,6 +305,14 @@ mod tests {
             redact("postgresql://db/sekali?user=shop&password=s3cret"),
             "postgresql://db/sekali?user=shop&password=***"
         );
+        // A password with a `/` or a `?` in it, not percent-encoded: the driver takes it whole.
+        for url in [
+            "postgres://shop:s3/cret@db/sekali",
+            "postgres://shop:s3?cret@db/sekali",
+        ] {
+            assert_eq!(redact(url), "postgres://shop:***@db/sekali");
+            assert!(Target::parse(url).is_ok(), "{url}");
+        }
         let target = Target::parse("postgres://shop:s3cret@db1:5433,db2/sekali").unwrap();
         let shown = format!("{target} {target:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
