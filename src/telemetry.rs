@@ -82,7 +82,8 @@ where
 /// An error with its whole cause chain on one line, `top: cause: cause`, for log fields
 /// (`error = %ErrorChain(&e)`): a 5xx's log line says why, down to SQLite's extended result code
 /// (`disk I/O error: Error code 1034: …`), instead of nested `Debug`. A cause whose text the line
-/// already ends with (a wrapper that prints its source) is not repeated.
+/// already holds (a wrapper that prints its source, before a hint of its own too) is not
+/// repeated.
 pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {
@@ -91,7 +92,7 @@ impl std::fmt::Display for ErrorChain<'_> {
         let mut source = self.0.source();
         while let Some(cause) = source {
             let text = cause.to_string();
-            if !line.ends_with(&text) {
+            if !line.contains(&text) {
                 line.push_str(": ");
                 line.push_str(&text);
             }

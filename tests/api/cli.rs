@@ -201,6 +201,12 @@ fn serve_on_a_port_already_in_use_fails_before_creating_the_database() {
         stderr.contains("choose another address with --listen or SEKALI_LISTEN"),
         "{stderr}"
     );
+    // The system's reason once, though it is the error's cause as well as part of its text.
+    assert_eq!(
+        stderr.matches("Address already in use").count(),
+        1,
+        "{stderr}"
+    );
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "no database file is left behind: {left:?}");
     assert!(db.is_untouched(), "no table was created in {db:?}");

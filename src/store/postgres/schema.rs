@@ -8,7 +8,7 @@
 //! 8. `order_transitions.sequence`, `.amount`, `.currency` (as in SQLite) and `.position` (the
 //!    change feed's place; the rows before get theirs in id order) with its indexes, added in
 //!    place; the forwarding tables, `forward_state` and `forward_outbox`.
-//! 9. `processed_events.headers` and `outbox_attempts`, added in place.
+//! 9. `processed_events.headers`, `outbox_attempts` and `console_logouts`, added in place.
 //! 10. The index of an order's events (`processed_events_order`), built in place.
 
 use postgres::Client;
@@ -42,11 +42,23 @@ const V8_TRANSITIONS: &str = "
     CREATE INDEX IF NOT EXISTS order_transitions_unpublished ON order_transitions (id)
         WHERE position IS NULL;";
 
-/// True when sekali's tables are in the database (its version table is): a command that only
-/// reads says so, rather than failing on the first table it reads.
-pub fn has_tables(client: &mut impl postgres::GenericClient) -> Result<bool, StoreError> {
+/// True when the database has sekali's version table.
+fn has_version_table(client: &mut impl postgres::GenericClient) -> Result<bool, StoreError> {
     Ok(client
         .query_one("SELECT to_regclass('sekali_schema') IS NOT NULL", &[])?
+        .try_get(0)?)
+}
+
+/// True when sekali's tables are in the database (its version table, or its events' without
+/// one): a command that only reads says when they are not, rather than failing on the first
+/// table it reads.
+pub fn has_tables(client: &mut Client) -> Result<bool, StoreError> {
+    Ok(client
+        .query_one(
+            "SELECT to_regclass('sekali_schema') IS NOT NULL
+                 OR to_regclass('processed_events') IS NOT NULL",
+            &[],
+        )?
         .try_get(0)?)
 }
 
@@ -56,7 +68,7 @@ pub fn has_tables(client: &mut impl postgres::GenericClient) -> Result<bool, Sto
 pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
     let mut tx = client.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
-    let version: Option<i64> = if has_tables(&mut tx)? {
+    let version: Option<i64> = if has_version_table(&mut tx)? {
         tx.query_opt("SELECT version FROM sekali_schema", &[])?
             .map(|row| row.try_get(0))
             .transpose()?
