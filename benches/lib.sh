@@ -60,6 +60,9 @@ bench_exit() {
         "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_data" -m immediate stop >/dev/null 2>&1 || true
     fi
     kill $(jobs -p) 2>/dev/null || true
+    # Servers a round started in a subshell (`for … done | tee`) that ended early under set -e
+    # are not this shell's jobs: each names a path under $work on its command line.
+    pkill -TERM -f -- "$work/" 2>/dev/null || true
     if [ "${SEKALI_BENCH_KEEP:-}" = 1 ]; then
         echo "the run's files are kept in $work" >&2
     else

@@ -638,8 +638,8 @@ async fn a_fractional_amount_is_told_that_amounts_are_integers_in_minor_units() 
 }
 
 /// An order is read at `/orders/{order_id}`: an id that a client's URL resolution would remove
-/// from that path ("." and "..", percent-encoded or not) is refused, naming why, and nothing is
-/// stored; an id with dots in it is fine.
+/// from that path ("." and "..") is refused, naming why, and nothing is stored; an id with dots
+/// in it is fine.
 #[actix_web::test]
 async fn an_order_id_that_is_a_path_step_is_refused_naming_why() {
     let app = spawn_api().await;

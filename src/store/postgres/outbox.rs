@@ -101,8 +101,9 @@ fn locale_of(metadata: &str) -> Option<String> {
 /// Parameters: `$1` the outbox's label, `$2` the relay, `$3` now; then one array each, a result
 /// an element: `$4` the row, `$5` its new status, `$6` the tries it counts (1 or 0), `$7` when it
 /// is due again (none: done or dead), `$8` its error (the row's `last_error` and the attempt's),
-/// `$9` the attempt's result. The rows are taken in the order given (by id): two relays that
-/// both hold a result for one row (a lease that ran out in between) lock it in the same order.
+/// `$9` the attempt's result. The results are given in id order, which the join follows when it
+/// walks the arrays (the plan for a batch); two relays that both hold a result for one row (a
+/// lease that ran out in between) that deadlock anyway are rerun as any conflict is.
 /// Returns the ids recorded.
 macro_rules! results_sql {
     ($table:literal) => {

@@ -33,8 +33,8 @@
 //!    order's at the change): what the change feed serves. Added in place; earlier rows get
 //!    their numbers in id order, and their order's amount and currency as they are now. The
 //!    forwarding tables, `forward_state` and `forward_outbox`.
-//! 9. `processed_events.headers` (the request's headers that are no secret, for the console)
-//!    and `outbox_attempts` (each try of an outbox row), added in place.
+//! 9. `processed_events.headers` (the request's headers that are no secret, for the console),
+//!    `outbox_attempts` (each try of an outbox row) and `console_logouts`, added in place.
 //! 10. The index of an order's events (`processed_events_order`), built in place: the
 //!     console's order page and `sekali events list --order` read an order's events through it
 //!     instead of the whole table.
@@ -118,13 +118,13 @@ const V8_TRANSITIONS: &str = "
         amount = (SELECT amount FROM orders WHERE orders.order_id = order_transitions.order_id),
         currency = (SELECT currency FROM orders WHERE orders.order_id = order_transitions.order_id);";
 
-/// Brings the database to [`SCHEMA_VERSION`]. Idempotent, and safe when several processes start
-/// at once: the version is read again inside the write transaction.
 /// Version 10's index, as `schema.sql` has it (a file older than version 9 has it already: an
 /// earlier step ran `schema.sql`, which creates what is missing).
 const V10_ORDER_EVENTS: &str = "CREATE INDEX IF NOT EXISTS processed_events_order
     ON processed_events (order_id) WHERE order_id IS NOT NULL";
 
+/// Brings the database to [`SCHEMA_VERSION`]. Idempotent, and safe when several processes start
+/// at once: the version is read again inside the write transaction.
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version = user_version(conn)?;
     if version == SCHEMA_VERSION {
