@@ -24,6 +24,22 @@ fn stored_version(db: &Database) -> i64 {
     }
 }
 
+/// `db` (empty) with the tables version `version` created, on its engine: `sqlite` is that
+/// version's schema.sql, `postgres` its PostgreSQL schema.
+fn as_version_made_it(db: &Database, version: i64, sqlite: &str, postgres: &str) {
+    match db {
+        Database::File(path) => {
+            let conn = Connection::open(path).unwrap();
+            conn.execute_batch(sqlite).unwrap();
+            conn.execute_batch(&format!("PRAGMA user_version = {version}"))
+                .unwrap();
+        }
+        Database::Server(_) => db.execute(&format!(
+            "{postgres} INSERT INTO sekali_schema (version) VALUES ({version});"
+        )),
+    }
+}
+
 /// A database exactly as sekali's schema version 1 created it, with an order and its event.
 fn version_1_database(db: &Path) {
     let conn = Connection::open(db).unwrap();
@@ -411,18 +427,12 @@ async fn a_version_5_database_gains_the_payers_address_and_the_transitions_autho
 async fn a_version_7_database_numbers_its_changes_and_the_feed_serves_them_first() {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::fresh(dir.path().join("v7.db"));
-    match &db {
-        Database::File(path) => {
-            let conn = Connection::open(path).unwrap();
-            conn.execute_batch(include_str!("../../fixtures/schema-v7.sql"))
-                .unwrap();
-            conn.execute_batch("PRAGMA user_version = 7").unwrap();
-        }
-        Database::Server(_) => db.execute(&format!(
-            "{} INSERT INTO sekali_schema (version) VALUES (7);",
-            include_str!("../../fixtures/postgres-schema-v7.sql")
-        )),
-    }
+    as_version_made_it(
+        &db,
+        7,
+        include_str!("../../fixtures/schema-v7.sql"),
+        include_str!("../../fixtures/postgres-schema-v7.sql"),
+    );
     db.execute(
         "INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
                              created_at, updated_at, last_event_id, source)
@@ -500,18 +510,12 @@ async fn a_version_7_database_numbers_its_changes_and_the_feed_serves_them_first
 async fn a_version_8_database_keeps_its_events_and_gains_headers_and_the_tries_log() {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::fresh(dir.path().join("v8.db"));
-    match &db {
-        Database::File(path) => {
-            let conn = Connection::open(path).unwrap();
-            conn.execute_batch(include_str!("../../fixtures/schema-v8.sql"))
-                .unwrap();
-            conn.execute_batch("PRAGMA user_version = 8").unwrap();
-        }
-        Database::Server(_) => db.execute(&format!(
-            "{} INSERT INTO sekali_schema (version) VALUES (8);",
-            include_str!("../../fixtures/postgres-schema-v8.sql")
-        )),
-    }
+    as_version_made_it(
+        &db,
+        8,
+        include_str!("../../fixtures/schema-v8.sql"),
+        include_str!("../../fixtures/postgres-schema-v8.sql"),
+    );
     db.execute(
         "INSERT INTO processed_events (provider, event_id, event_type, order_id, outcome,
                                        received_at, expires_at, payload)
@@ -554,18 +558,12 @@ async fn a_version_8_database_keeps_its_events_and_gains_headers_and_the_tries_l
 async fn a_version_9_database_gains_the_index_of_an_orders_events_and_lists_them() {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::fresh(dir.path().join("v9.db"));
-    match &db {
-        Database::File(path) => {
-            let conn = Connection::open(path).unwrap();
-            conn.execute_batch(include_str!("../../fixtures/schema-v9.sql"))
-                .unwrap();
-            conn.execute_batch("PRAGMA user_version = 9").unwrap();
-        }
-        Database::Server(_) => db.execute(&format!(
-            "{} INSERT INTO sekali_schema (version) VALUES (9);",
-            include_str!("../../fixtures/postgres-schema-v9.sql")
-        )),
-    }
+    as_version_made_it(
+        &db,
+        9,
+        include_str!("../../fixtures/schema-v9.sql"),
+        include_str!("../../fixtures/postgres-schema-v9.sql"),
+    );
     let index = match &db {
         Database::File(_) => {
             "SELECT count(*) FROM sqlite_schema WHERE name = 'processed_events_order'"
