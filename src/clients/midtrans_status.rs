@@ -148,17 +148,10 @@ impl StatusApi {
     }
 
     async fn ask(&self, id: &str) -> Result<Vec<u8>, StatusApiError> {
-        // Everything but RFC 3986's unreserved characters is encoded, so the id is one path
-        // segment whatever it holds (`#`, `/`, `?`), and a plain id is sent as it is.
-        const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-            .remove(b'-')
-            .remove(b'_')
-            .remove(b'.')
-            .remove(b'~');
         let url = format!(
             "{}/v2/{}/status",
             self.base_url.trim_end_matches('/'),
-            percent_encoding::utf8_percent_encode(id, SEGMENT)
+            crate::domain::text::path_segment(id)
         );
         let unreachable = |reason: String| StatusApiError::Unreachable {
             base_url: crate::domain::text::without_userinfo(&self.base_url),

@@ -15,10 +15,10 @@ mod throttle;
 
 pub use throttle::LoginThrottle;
 
+use crate::domain::text::{is_path_step, path_segment as segment};
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
 use minijinja::{context, Value};
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::Deserialize;
 
 use crate::domain::{OrderStatus, Outcome};
@@ -65,24 +65,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     );
 }
 
-/// A path segment's characters left as they are; the rest percent-encoded (an id may hold `/`,
-/// `?`, `#` or anything else).
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
-fn segment(text: &str) -> String {
-    utf8_percent_encode(text, SEGMENT).to_string()
-}
-
-/// An id as a path segment of the console's links. A segment "." or ".." (or one of them
-/// percent-encoded) is a step of the path, which a browser resolves before it asks, so such an
-/// id (a provider's, not the orders API's) would link to another page: it, and every id that
-/// starts with `~`, is written with a `~` in front, which [`id_of_segment`] takes off.
+/// An id as a path segment of the console's links. An id that is a step of the path
+/// ([`is_path_step`]; a provider's, not the orders API's) would link to another page: it, and
+/// every id that starts with `~`, is written with a `~` in front, which [`id_of_segment`] takes
+/// off.
 fn id_segment(id: &str) -> String {
-    if id == "." || id == ".." || id.starts_with('~') {
+    if is_path_step(id) || id.starts_with('~') {
         segment(&format!("~{id}"))
     } else {
         segment(id)

@@ -2,6 +2,24 @@
 
 use std::fmt;
 
+/// `text` as one path segment of a URL: everything but RFC 3986's unreserved characters
+/// percent-encoded, so an id is one segment whatever it holds (`/`, `?`, `#`, `:`), and a plain
+/// id reads as it is.
+pub fn path_segment(text: &str) -> String {
+    const UNRESERVED_KEPT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(text, UNRESERVED_KEPT).to_string()
+}
+
+/// True for `.` and `..`: as a path segment (percent-encoded too), a step of the path that every
+/// client resolves before it asks, so no link or `Location` can name it.
+pub fn is_path_step(text: &str) -> bool {
+    text == "." || text == ".."
+}
+
 /// Displays `text` with every character a terminal would act on or not show escaped, so that a
 /// value a stranger chose cannot move a terminal's cursor, recolour it, start what looks like a
 /// new log line, reorder what is printed after it, or hide inside an id that looks like another:

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use super::api::{self, ApiClient, IdempotencyKey};
 use super::problem::Problem;
 use super::AppState;
-use crate::domain::{EmailAddress, OrderStatus};
+use crate::domain::{text, EmailAddress, OrderStatus};
 use crate::providers;
 use crate::store::{NewOrder, OrderQuery, StoredResponse};
 use crate::telemetry::ErrorChain;
@@ -58,7 +58,7 @@ fn validate(body: &[u8]) -> Result<(CreateOrderRequest, serde_json::Value), Prob
         }
         // The order is read at /orders/{order_id}, and a URL's path segment "." or ".." is
         // removed by every client that resolves it (its Location would lead elsewhere).
-        if id == "." || id == ".." {
+        if text::is_path_step(id) {
             return Err(Problem::invalid_request(
                 "order_id cannot be \".\" or \"..\": the order is read at /orders/{order_id}, where a client resolves those as the path itself",
             ));
@@ -207,18 +207,9 @@ async fn answer_create_order(
     Ok(response)
 }
 
-/// `/orders/{order_id}`, the id one path segment: everything but RFC 3986's unreserved
-/// characters percent-encoded (an order id may hold `:`).
+/// `/orders/{order_id}`, the id one path segment (an order id may hold `:`).
 fn order_location(order_id: &str) -> String {
-    const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-        .remove(b'-')
-        .remove(b'_')
-        .remove(b'.')
-        .remove(b'~');
-    format!(
-        "/orders/{}",
-        percent_encoding::utf8_percent_encode(order_id, SEGMENT)
-    )
+    format!("/orders/{}", text::path_segment(order_id))
 }
 
 pub async fn get_order(
