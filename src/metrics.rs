@@ -659,6 +659,11 @@ impl Collector for WriterCollector {
                 writer.deliveries,
             ),
             (
+                "writer_deliveries_together",
+                "Deliveries applied side by side with others of their transaction, in a few statements for them all (PostgreSQL)",
+                writer.deliveries_together,
+            ),
+            (
                 "writer_outbox_claims",
                 "Claims of outbox rows the writer committed (both outboxes)",
                 writer.outbox_claims,

@@ -17,6 +17,7 @@ pub(crate) type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
 pub struct WriterCounters {
     pub(crate) transactions: AtomicU64,
     pub(crate) deliveries: AtomicU64,
+    pub(crate) deliveries_together: AtomicU64,
     pub(crate) outbox_claims: AtomicU64,
     pub(crate) outbox_claimed_rows: AtomicU64,
     pub(crate) outbox_result_batches: AtomicU64,
@@ -39,6 +40,7 @@ impl Default for WriterCounters {
         WriterCounters {
             transactions: AtomicU64::default(),
             deliveries: AtomicU64::default(),
+            deliveries_together: AtomicU64::default(),
             outbox_claims: AtomicU64::default(),
             outbox_claimed_rows: AtomicU64::default(),
             outbox_result_batches: AtomicU64::default(),
@@ -92,6 +94,7 @@ impl WriterCounters {
         WriterStats {
             transactions: get(&self.transactions),
             deliveries: get(&self.deliveries),
+            deliveries_together: get(&self.deliveries_together),
             outbox_claims: get(&self.outbox_claims),
             outbox_claimed_rows: get(&self.outbox_claimed_rows),
             outbox_result_batches: get(&self.outbox_result_batches),

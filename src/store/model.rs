@@ -697,6 +697,9 @@ pub struct WriterStats {
     pub transactions: u64,
     /// Deliveries committed (duplicates included).
     pub deliveries: u64,
+    /// Of those, the ones applied side by side with others of their transaction, in a few
+    /// statements for them all (PostgreSQL's writer; see docs/postgres.md#performance).
+    pub deliveries_together: u64,
     /// Relay claims served, and the rows they claimed.
     pub outbox_claims: u64,
     pub outbox_claimed_rows: u64,

@@ -4,6 +4,8 @@
 //! test fails on the version with the order state machine; what that version did is in the
 //! test's comment.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use crate::helpers::*;
@@ -756,4 +758,248 @@ async fn a_decline_delivered_after_the_retry_it_preceded_leaves_the_order_pendin
     }
     assert_eq!(status(&app, "ord_1060"), "pending");
     assert_eq!(emails(&app, "ord_1060"), []);
+}
+
+// --- a batch's deliveries applied together ------------------------------------------------------
+
+/// `fixtures/stripe/{name}.json` as event `event_id`, about the PaymentIntent `pi_{payment}` (the
+/// charge `ch_{payment}`), naming the order `ord_{order}` when `order` is given (else none).
+fn stripe_body(name: &str, event_id: &str, payment: &str, order: Option<&str>) -> Vec<u8> {
+    let mut body: Value = serde_json::from_slice(&fixture(&format!("stripe/{name}.json"))).unwrap();
+    body["id"] = event_id.into();
+    let object = &mut body["data"]["object"];
+    if object["object"] == "charge" {
+        object["id"] = format!("ch_{payment}").into();
+        object["payment_intent"] = format!("pi_{payment}").into();
+    } else {
+        object["id"] = format!("pi_{payment}").into();
+    }
+    object["metadata"] = match order {
+        Some(order) => serde_json::json!({ "order_id": format!("ord_{order}") }),
+        None => serde_json::json!({}),
+    };
+    serde_json::to_vec(&body).unwrap()
+}
+
+/// On PostgreSQL, a batch's deliveries of distinct payments and orders are applied side by side
+/// (their reads and writes a few statements for them all, not six each); the rest of the batch
+/// one by one. Here one batch holds seven such deliveries, one of which links a payment whose
+/// refund waited for its order; two deliveries of one payment; and an event naming another order
+/// than the one its payment is already linked to. Each order ends as one by one would leave it:
+/// the waiting refund counts, the shared payment's two events both count, the event's facts count
+/// for the linked order, and no delivery is dropped or applied twice. On PostgreSQL, the batch is
+/// made by holding the claims' table from another session until every delivery is queued; on
+/// SQLite they are sent at once, as a provider's burst.
+#[actix_web::test]
+async fn a_batch_applies_distinct_orders_together_and_the_rest_one_by_one_as_one_by_one_would() {
+    let app = spawn_ledger().await;
+    // Before the batch: a refund whose payment names no order yet waits on it; a payment is
+    // linked to its order.
+    let refund_k = stripe_body(
+        "charge.refunded.full",
+        "evt_batch_refund_k",
+        "batch_k",
+        None,
+    );
+    assert_eq!(app.deliver_stripe_body(&refund_k).await.outcome(), "parked");
+    let paid_l = stripe_body(
+        "payment_intent.succeeded",
+        "evt_batch_l",
+        "batch_l",
+        Some("batch_l"),
+    );
+    assert_eq!(
+        app.deliver_stripe_body(&paid_l).await.outcome(),
+        "processed"
+    );
+
+    let mut batch: Vec<Vec<u8>> = ["a", "b", "c", "d", "e", "f", "k"]
+        .iter()
+        .map(|tag| {
+            let (event, payment) = (format!("evt_batch_{tag}"), format!("batch_{tag}"));
+            stripe_body("payment_intent.succeeded", &event, &payment, Some(&payment))
+        })
+        .collect();
+    batch.push(stripe_body(
+        "payment_intent.succeeded",
+        "evt_batch_x",
+        "batch_x",
+        Some("batch_x"),
+    ));
+    batch.push(stripe_body(
+        "charge.refunded.full",
+        "evt_batch_refund_x",
+        "batch_x",
+        Some("batch_x"),
+    ));
+    // The payment of order batch_l, in an event that names order batch_m.
+    batch.push(stripe_body(
+        "payment_intent.succeeded",
+        "evt_batch_l_as_m",
+        "batch_l",
+        Some("batch_m"),
+    ));
+
+    let send_all = |bodies: Vec<Vec<u8>>| {
+        let app = &app;
+        futures_util::future::join_all(
+            bodies
+                .into_iter()
+                .map(move |body| async move { app.deliver_stripe_body(&body).await }),
+        )
+    };
+    let together_before = app.store.stats().writer.deliveries_together;
+    let answers = match engine() {
+        Engine::Sqlite => send_all(batch.clone()).await,
+        Engine::Postgres => {
+            // Another session holds the claims' table: every writer blocks at its batch's claim,
+            // and what comes after waits in the queue, then goes as one batch when it is let go.
+            // Quickly: a writer waits for the table up to the lock timeout (5 s), then gives up.
+            let url = app.database.arg();
+            let (locked, is_locked) = std::sync::mpsc::channel();
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            let holder = std::thread::spawn(move || {
+                let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+                let mut tx = client.transaction().unwrap();
+                tx.batch_execute("LOCK TABLE processed_events IN EXCLUSIVE MODE")
+                    .unwrap();
+                locked.send(()).unwrap();
+                let _ = released.recv();
+                tx.commit().unwrap();
+            });
+            is_locked.recv().unwrap();
+            // Events of no payment (applied one by one), each sent once the one before is
+            // blocked at its claim, until one stays queued: every writer is blocked then, each
+            // with a batch of one.
+            let blocker = |i: usize| {
+                let mut body: Value =
+                    serde_json::from_slice(&fixture("stripe/customer.created.json")).unwrap();
+                body["id"] = format!("evt_batch_blocker_{i:02}").into();
+                let body = serde_json::to_vec(&body).unwrap();
+                let header = stripe_header(&body, app.clock.now_unix());
+                let url = format!("{}/webhooks/stripe", app.address);
+                actix_web::rt::spawn(async move {
+                    let mut response = awc::Client::builder()
+                        .timeout(Duration::from_secs(120))
+                        .finish()
+                        .post(url)
+                        .insert_header(("Content-Type", "application/json"))
+                        .insert_header(("Stripe-Signature", header))
+                        .send_body(body)
+                        .await
+                        .unwrap();
+                    let body = response.body().await.unwrap();
+                    (response.status().as_u16(), body)
+                })
+            };
+            let waiting_at_claims = || {
+                app.count(
+                    "SELECT count(*) FROM pg_locks \
+                     WHERE relation = 'processed_events'::regclass AND NOT granted",
+                ) as usize
+            };
+            let queued = || app.store.stats().writer.queued;
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let mut blockers = Vec::new();
+            'blocking: loop {
+                blockers.push(blocker(blockers.len()));
+                // Taken by a writer that then blocked, or left queued: no writer is free.
+                let mut queued_since = None;
+                loop {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the writers never all blocked"
+                    );
+                    actix_web::rt::time::sleep(Duration::from_millis(5)).await;
+                    if waiting_at_claims() == blockers.len() {
+                        break;
+                    }
+                    if queued() > 0 {
+                        let since = *queued_since.get_or_insert_with(std::time::Instant::now);
+                        if since.elapsed() > Duration::from_millis(200) {
+                            break 'blocking;
+                        }
+                    }
+                }
+            }
+            let waiting = queued();
+            let answers = futures_util::future::join(send_all(batch.clone()), async {
+                while queued() < waiting + batch.len() as u64 {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the batch was not queued: {} of {}",
+                        queued(),
+                        waiting + batch.len() as u64
+                    );
+                    actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+                }
+                release.send(()).unwrap();
+            })
+            .await
+            .0;
+            for blocked in blockers {
+                let (status, body) = blocked.await.unwrap();
+                assert_eq!(status, 200, "{body:?}");
+            }
+            holder.join().unwrap();
+            answers
+        }
+    };
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    let outcomes: Vec<&str> = answers.iter().map(Answer::outcome).collect();
+    assert_eq!(&outcomes[..7], ["processed"; 7], "{outcomes:?}");
+    // The shared payment's events one after the other, in key order: the refund first, its
+    // order's payment then older news than its refund (stale), or the other way round.
+    assert!(
+        matches!(
+            &outcomes[7..9],
+            ["processed" | "stale", "processed"] | ["processed", "stale"]
+        ),
+        "{outcomes:?}"
+    );
+    if engine() == Engine::Postgres {
+        // The seven of distinct payments and orders went together; the shared payment's two
+        // and the event of a payment linked elsewhere one by one.
+        assert_eq!(
+            app.store.stats().writer.deliveries_together - together_before,
+            7
+        );
+    }
+
+    for tag in ["a", "b", "c", "d", "e", "f"] {
+        let order = format!("ord_batch_{tag}");
+        assert_eq!(status(&app, &order), "paid", "{order}");
+        assert_eq!(emails(&app, &order), [email("receipt", 2500)], "{order}");
+        assert_eq!(
+            app.count(&format!(
+                "SELECT count(*) FROM order_transitions WHERE order_id = '{order}'"
+            )),
+            1
+        );
+    }
+    // The refund that waited counts once its payment's order is known, and is its order's now.
+    assert_eq!(status(&app, "ord_batch_k"), "refunded");
+    assert_eq!(
+        app.query(
+            "SELECT outcome, order_id FROM processed_events WHERE event_id = 'evt_batch_refund_k'"
+        ),
+        [[Some("processed".to_owned()), Some("ord_batch_k".to_owned())]]
+    );
+    // Both events of the shared payment count, in whichever order they were applied.
+    assert_eq!(status(&app, "ord_batch_x"), "refunded");
+    // The event naming another order counts for the one its payment is linked to; the other
+    // order is not made up.
+    assert_eq!(status(&app, "ord_batch_l"), "paid");
+    assert_eq!(status(&app, "ord_batch_m"), "no order");
+    assert_eq!(
+        app.query("SELECT order_id FROM processed_events WHERE event_id = 'evt_batch_l_as_m'"),
+        [[Some("ord_batch_l".to_owned())]]
+    );
+    // Each delivery recorded once.
+    assert_eq!(
+        app.count("SELECT count(*) FROM processed_events WHERE event_id LIKE 'evt_batch_%' AND event_id NOT LIKE 'evt_batch_blocker_%'"),
+        12
+    );
 }

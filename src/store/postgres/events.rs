@@ -266,49 +266,26 @@ fn resolve_and_apply(
     };
     let (folded, linked_through_alias) =
         ledger::adopt_aliases(db, provider, &reference, &report.aliases)?;
-    let linked = stored
-        .as_ref()
-        .and_then(|s| s.order_id.clone())
-        .or(linked_through_alias);
-    let before = stored.map(|s| s.facts).unwrap_or_default();
-    let mut after = before.clone();
-    after.merge(&folded);
-    after.merge(&report.facts);
-    let news = if before.material() != after.material() {
-        News::New
-    } else if report.facts.material() == after.material() {
-        News::Same
-    } else {
-        News::Older
-    };
-
-    let order_id = match (&event.order_ref, &linked) {
-        (OrderRef::OrderId(named), Some(linked)) if named != linked => {
-            // A payment pays one order: the first link stands, and the event's facts are that
-            // order's. Said, as a provider should not do this.
-            tracing::warn!(
-                provider,
-                payment = %Escaped(&reference),
-                named = %Escaped(named),
-                linked = %Escaped(linked),
-                "an event names another order than the one its payment is linked to; its facts count for the linked one"
-            );
-            linked.clone()
+    let merged = Merged::of(report, stored, folded, linked_through_alias);
+    let Some(order_id) = order_for(event, &reference, merged.linked.as_deref()) else {
+        // No order yet: the facts wait on the payment, and the event under its key.
+        ledger::save(
+            db,
+            provider,
+            &reference,
+            None,
+            &merged.before,
+            &merged.after,
+            now,
+        )?;
+        if reference != report.reference {
+            db.execute(
+                "UPDATE processed_events SET payment_intent_id = $3
+                 WHERE provider = $1 AND event_id = $2",
+                &[&provider, &event.event_id, &reference],
+            )?;
         }
-        (OrderRef::OrderId(named), _) => named.clone(),
-        (_, Some(linked)) => linked.clone(),
-        (_, None) => {
-            // No order yet: the facts wait on the payment, and the event under its key.
-            ledger::save(db, provider, &reference, None, &before, &after, now)?;
-            if reference != report.reference {
-                db.execute(
-                    "UPDATE processed_events SET payment_intent_id = $3
-                     WHERE provider = $1 AND event_id = $2",
-                    &[&provider, &event.event_id, &reference],
-                )?;
-            }
-            return Ok((Outcome::Parked, None));
-        }
+        return Ok((Outcome::Parked, None));
     };
 
     // The order's row is locked before it is read (`load_order`), and its key held (with the
@@ -322,63 +299,366 @@ fn resolve_and_apply(
         lock_order(db, &order_id)?
     };
     let others = ledger::others_of_order(db, &order_id, Some((provider, &reference)))?;
-    let mut before_payments = ledger::views(&others);
-    let mut after_payments = before_payments.clone();
-    // A payment newly linked did not count for the order before this event.
-    if linked.is_some() {
-        before_payments.push(OrderPayment {
-            provider,
-            reference: &reference,
-            facts: &before,
-        });
-    }
-    after_payments.push(OrderPayment {
-        provider,
-        reference: &reference,
-        facts: &after,
-    });
-    let decision = decide(
-        &order_id,
-        current.as_ref(),
-        event,
-        &before_payments,
-        &after_payments,
-        news,
-    );
-
-    // Saved whenever the merge changed anything, not only in what counts (`News::New`): a
-    // later time of the same attempt state (a retry's `processing` after a decline) must be
-    // kept, or an older event delivered after it would win the merge.
-    if after != before || linked.as_deref() != Some(order_id.as_str()) {
+    let applied = merged.apply(event, &reference, &order_id, current.as_ref(), &others);
+    if applied.save_payment {
         ledger::save(
             db,
             provider,
             &reference,
             Some(&order_id),
-            &before,
-            &after,
+            &merged.before,
+            &merged.after,
             now,
         )?;
     }
-    // A payment linked by this event, or one that took in the facts of another name of it
-    // (which may have been waiting unlinked): the events whose facts waited for this link
-    // count now, those parked under the payment's key, which includes those parked under
-    // another name of it (a refund parked under a PaymentIntent that an invoice, named by the
-    // order, turned out to be paid by). Released with the order's write.
-    let release_parked = (linked.is_none() || folded != PaymentFacts::default())
-        .then_some((provider, reference.as_str()));
-    if !matches!(decision.outcome, Outcome::Processed | Outcome::Stale) {
-        tracing::warn!(
-            order_id = %Escaped(&order_id),
-            provider,
-            event_type = %Escaped(&event.event_type),
-            outcome = decision.outcome.as_str(),
-            reason = %Escaped(decision.next.review.as_deref().unwrap_or("")),
-            "order moved to needs_review"
-        );
+    let by = ChangedBy::event(provider, &event.event_id);
+    write_order(
+        db,
+        &order_id,
+        &applied.decision.next,
+        &by,
+        now,
+        applied.order_write(provider, &reference),
+    )?;
+    Ok((applied.decision.outcome, Some(order_id)))
+}
+
+/// A payment's facts before and after an event's are merged in, read under its lock.
+struct Merged {
+    /// The order the payment was linked to before the event (its own row's, or that of another
+    /// name of it).
+    linked: Option<String>,
+    before: PaymentFacts,
+    after: PaymentFacts,
+    news: News,
+    /// Whether facts that waited under another name of it were folded in.
+    folded: bool,
+}
+
+impl Merged {
+    /// `report`'s facts merged into the payment `stored` and the facts `folded` in from its
+    /// other names (one of which may have been linked to `linked_through_alias`).
+    fn of(
+        report: &crate::domain::PaymentReport,
+        stored: Option<ledger::StoredPayment>,
+        folded: PaymentFacts,
+        linked_through_alias: Option<String>,
+    ) -> Self {
+        let linked = stored
+            .as_ref()
+            .and_then(|s| s.order_id.clone())
+            .or(linked_through_alias);
+        let before = stored.map(|s| s.facts).unwrap_or_default();
+        let mut after = before.clone();
+        after.merge(&folded);
+        after.merge(&report.facts);
+        let news = if before.material() != after.material() {
+            News::New
+        } else if report.facts.material() == after.material() {
+            News::Same
+        } else {
+            News::Older
+        };
+        Merged {
+            linked,
+            before,
+            after,
+            news,
+            folded: folded != PaymentFacts::default(),
+        }
     }
-    save_order(db, event, &order_id, &decision, release_parked, now)?;
-    Ok((decision.outcome, Some(order_id)))
+
+    /// What the order `order_id` (`current`, with its `others` payments) becomes with the
+    /// payment `reference` as merged.
+    fn apply(
+        &self,
+        event: &NormalizedEvent,
+        reference: &str,
+        order_id: &str,
+        current: Option<&OrderState>,
+        others: &[(String, ledger::StoredPayment)],
+    ) -> Applied {
+        let provider = event.provider.as_str();
+        let mut before_payments = ledger::views(others);
+        let mut after_payments = before_payments.clone();
+        // A payment newly linked did not count for the order before this event.
+        if self.linked.is_some() {
+            before_payments.push(OrderPayment {
+                provider,
+                reference,
+                facts: &self.before,
+            });
+        }
+        after_payments.push(OrderPayment {
+            provider,
+            reference,
+            facts: &self.after,
+        });
+        let decision = decide(
+            order_id,
+            current,
+            event,
+            &before_payments,
+            &after_payments,
+            self.news,
+        );
+        if !matches!(decision.outcome, Outcome::Processed | Outcome::Stale) {
+            tracing::warn!(
+                order_id = %Escaped(order_id),
+                provider,
+                event_type = %Escaped(&event.event_type),
+                outcome = decision.outcome.as_str(),
+                reason = %Escaped(decision.next.review.as_deref().unwrap_or("")),
+                "order moved to needs_review"
+            );
+        }
+        Applied {
+            decision,
+            // Saved whenever the merge changed anything, not only in what counts
+            // (`News::New`): a later time of the same attempt state (a retry's `processing`
+            // after a decline) must be kept, or an older event delivered after it would win the
+            // merge.
+            save_payment: self.after != self.before || self.linked.as_deref() != Some(order_id),
+            // A payment linked by this event, or one that took in the facts of another name of
+            // it (which may have been waiting unlinked): the events whose facts waited for this
+            // link count now, those parked under the payment's key, which includes those parked
+            // under another name of it (a refund parked under a PaymentIntent that an invoice,
+            // named by the order, turned out to be paid by). Released with the order's write.
+            release_parked: self.linked.is_none() || self.folded,
+        }
+    }
+}
+
+/// The order `event`'s facts count for, its payment linked to `linked` (if it is): the order it
+/// names, else its payment's; `None` while neither is known (the facts wait on the payment).
+fn order_for(event: &NormalizedEvent, reference: &str, linked: Option<&str>) -> Option<String> {
+    match (&event.order_ref, linked) {
+        (OrderRef::OrderId(named), Some(linked)) if named != linked => {
+            // A payment pays one order: the first link stands, and the event's facts are that
+            // order's. Said, as a provider should not do this.
+            tracing::warn!(
+                provider = event.provider.as_str(),
+                payment = %Escaped(reference),
+                named = %Escaped(named),
+                linked = %Escaped(linked),
+                "an event names another order than the one its payment is linked to; its facts count for the linked one"
+            );
+            Some(linked.to_owned())
+        }
+        (OrderRef::OrderId(named), _) => Some(named.clone()),
+        (_, linked) => linked.map(str::to_owned),
+    }
+}
+
+/// What an event does to its order, computed by [`Merged::apply`].
+struct Applied {
+    decision: crate::domain::Decision,
+    /// Whether the payment's row is to be written.
+    save_payment: bool,
+    /// Whether the events parked under the payment's key are released to the order.
+    release_parked: bool,
+}
+
+impl Applied {
+    /// What [`write_order`] writes for the change, of the payment `reference` of `provider`.
+    fn order_write<'a>(&'a self, provider: &'a str, reference: &'a str) -> OrderWrite<'a> {
+        let decision = &self.decision;
+        OrderWrite {
+            row: Some(decision.record || decision.created),
+            transition: decision.record.then_some(decision.from),
+            notices: &decision.notices,
+            release_parked: self.release_parked.then_some((provider, reference)),
+        }
+    }
+}
+
+/// Applies, in a few statements for them all rather than six each, the effects of the claimed
+/// `deliveries` (each with its tracing span) that can be applied side by side: each with a
+/// payment and the order it names, no other name of the payment, and neither shared with
+/// another delivery of the call. Returns each delivery's outcome, `None` for those it left to be
+/// applied one by one ([`apply_claimed`], after this).
+///
+/// It takes the locks one by one would, in the same order (each payment's key, then its order's,
+/// in the batch's order), then reads every payment and order under them, computes each change as
+/// [`resolve_and_apply`] does, and writes them all ([`ledger::save_all`], [`write_orders`]). A
+/// delivery whose payment turns out to be linked to another order, or to be another payment's
+/// other name, is left to the one-by-one path, which says so and follows the link.
+pub fn apply_claimed_together(
+    db: &mut Db<'_, '_>,
+    deliveries: &[(&NormalizedEvent, &tracing::Span)],
+    now_unix: i64,
+) -> Result<Vec<Option<Outcome>>, StoreError> {
+    let mut outcomes = vec![None; deliveries.len()];
+    let mut uses = std::collections::HashMap::new();
+    let keyed: Vec<Option<(&str, &str, &str)>> = deliveries
+        .iter()
+        .map(|(event, _)| {
+            let report = event.payment.as_ref()?;
+            let order = named_order(event)?;
+            if report.aliases.iter().any(|a| *a != report.reference) {
+                return None;
+            }
+            for key in [
+                super::payment_key(event.provider.as_str(), &report.reference),
+                super::order_key(order),
+            ] {
+                *uses.entry(key).or_insert(0) += 1;
+            }
+            Some((event.provider.as_str(), report.reference.as_str(), order))
+        })
+        .collect();
+    let mut together: Vec<usize> = (0..deliveries.len())
+        .filter(|&i| {
+            keyed[i].is_some_and(|(provider, reference, order)| {
+                uses[&super::payment_key(provider, reference)] == 1
+                    && uses[&super::order_key(order)] == 1
+            })
+        })
+        .collect();
+    if together.len() < 2 {
+        return Ok(outcomes);
+    }
+    fail::fail_point!("store::after_claim", |_| Err(StoreError::Injected(
+        "store::after_claim"
+    )));
+    let now = iso_seconds(now_unix);
+    let key = |i: usize| keyed[i].expect("only keyed deliveries go together");
+
+    // Each payment's key (of the name it stands for), then its order's, in the batch's order.
+    let (mut providers, mut references, mut prefixes, mut order_keys) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for &i in &together {
+        let (provider, reference, order) = key(i);
+        providers.push(provider);
+        references.push(reference);
+        prefixes.push(super::payment_key(provider, ""));
+        order_keys.push(super::order_key(order));
+    }
+    let named = db.query(
+        "SELECT named.name,
+                pg_advisory_xact_lock(hashtextextended(h.prefix || named.name, 0)),
+                pg_advisory_xact_lock(hashtextextended(h.order_key, 0))
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
+                  WITH ORDINALITY AS h (provider, reference, prefix, order_key, n)
+              CROSS JOIN LATERAL (
+                  SELECT coalesce((SELECT payment_ref FROM payment_aliases
+                                   WHERE provider = h.provider AND alias = h.reference),
+                                  h.reference) AS name) AS named
+         ORDER BY h.n",
+        &[&providers, &references, &prefixes, &order_keys],
+    )?;
+    let mut standing = Vec::with_capacity(together.len());
+    for (&i, row) in together.iter().zip(&named) {
+        // Another payment's other name: the one-by-one path follows it.
+        if get::<String>(row, 0)? == key(i).1 {
+            standing.push(i);
+        }
+    }
+    together = standing;
+
+    // Every payment, its row locked; then every order, its row locked, and their other payments.
+    let payments: Vec<(&str, &str)> = together.iter().map(|&i| (key(i).0, key(i).1)).collect();
+    let read = ledger::read_all_locked(db, &payments)?;
+    let mut stored = Vec::with_capacity(together.len());
+    let mut standing = Vec::with_capacity(together.len());
+    for (&i, locked) in together.iter().zip(read) {
+        match locked {
+            ledger::Locked::Found(payment)
+                if payment.order_id.is_none() || payment.order_id.as_deref() == Some(key(i).2) =>
+            {
+                stored.push(Some(*payment));
+                standing.push(i);
+            }
+            ledger::Locked::Absent { now_named } if now_named == key(i).1 => {
+                stored.push(None);
+                standing.push(i);
+            }
+            // Linked to another order, or made another's other name meanwhile.
+            _ => {}
+        }
+    }
+    together = standing;
+    if together.is_empty() {
+        return Ok(outcomes);
+    }
+    let orders: Vec<&str> = together.iter().map(|&i| key(i).2).collect();
+    let own: Vec<(&str, &str)> = together.iter().map(|&i| (key(i).0, key(i).1)).collect();
+    let mut current = load_orders(db, &orders)?;
+    let mut others = ledger::others_of_orders(db, &orders, &own)?;
+
+    let applied: Vec<(usize, Merged, Applied)> = together
+        .iter()
+        .zip(stored)
+        .map(|(&i, stored)| {
+            let (event, span) = deliveries[i];
+            let _entered = span.enter();
+            let report = event.payment.as_ref().expect("only payments go together");
+            let (_, reference, order) = key(i);
+            let merged = Merged::of(report, stored, PaymentFacts::default(), None);
+            let applied = merged.apply(
+                event,
+                reference,
+                order,
+                current.remove(order).as_ref(),
+                &others.remove(order).unwrap_or_default(),
+            );
+            (i, merged, applied)
+        })
+        .collect();
+    let saves: Vec<ledger::PaymentSave<'_>> = applied
+        .iter()
+        .filter(|(_, _, applied)| applied.save_payment)
+        .map(|(i, merged, _)| {
+            let (provider, reference, order) = key(*i);
+            ledger::PaymentSave {
+                provider,
+                reference,
+                order_id: Some(order),
+                before: &merged.before,
+                facts: &merged.after,
+            }
+        })
+        .collect();
+    ledger::save_all(db, &saves, &now)?;
+    let by: Vec<ChangedBy<'_>> = applied
+        .iter()
+        .map(|(i, _, _)| {
+            let event = deliveries[*i].0;
+            ChangedBy::event(event.provider.as_str(), &event.event_id)
+        })
+        .collect();
+    let writes: Vec<OrderSave<'_>> = applied
+        .iter()
+        .zip(&by)
+        .map(|((i, _, applied), by)| {
+            let (provider, reference, order) = key(*i);
+            OrderSave {
+                order_id: order,
+                state: &applied.decision.next,
+                by,
+                write: applied.order_write(provider, reference),
+            }
+        })
+        .collect();
+    write_orders(db, &writes, &now)?;
+    for (i, _, applied) in &applied {
+        let outcome = applied.decision.outcome;
+        if outcome != Outcome::Processed {
+            let event = deliveries[*i].0;
+            set_event_outcome(
+                db,
+                &event.provider,
+                &event.event_id,
+                outcome,
+                Some(key(*i).2),
+            )?;
+        }
+        outcomes[*i] = Some(outcome);
+    }
+    fail::fail_point!("store::after_effects", |_| Err(StoreError::Injected(
+        "store::after_effects"
+    )));
+    Ok(outcomes)
 }
 
 /// The order `order_id` as [`load_order`] reads it, its row locked, after holding its key
@@ -420,7 +700,7 @@ pub(crate) fn load_order(
     db: &mut Db<'_, '_>,
     order_id: &str,
 ) -> Result<Option<OrderState>, StoreError> {
-    let Some(row) = db.query_opt(
+    db.query_opt(
         "SELECT status, provider, amount, refunded_amount, currency, customer_email,
                 payment_intent_id, source = 'api', paid_amount, paid_currency, amount_exponent,
                 payer_email, review_reason, operator_status, operator_money, acknowledged,
@@ -429,13 +709,41 @@ pub(crate) fn load_order(
          FOR UPDATE",
         &[&order_id],
     )?
-    else {
-        return Ok(None);
-    };
-    let status: String = get(&row, 0)?;
-    let provider: String = get(&row, 1)?;
-    let operator_status: Option<String> = get(&row, 13)?;
-    let operator_money: Option<String> = get(&row, 14)?;
+    .map(|row| order_row(&row))
+    .transpose()
+}
+
+/// The orders `order_ids` that exist, by id, as [`load_order`] reads each: their rows locked.
+fn load_orders(
+    db: &mut Db<'_, '_>,
+    order_ids: &[&str],
+) -> Result<std::collections::HashMap<String, OrderState>, StoreError> {
+    db.query(
+        // Each order looked up by its key (a subquery that locks is not merged into a join):
+        // a plan the statement keeps however its tables grow, where `= ANY` of an array may
+        // be planned, when the tables are small, as a scan of the whole table.
+        "SELECT o.status, o.provider, o.amount, o.refunded_amount, o.currency,
+                o.customer_email, o.payment_intent_id, o.source = 'api', o.paid_amount,
+                o.paid_currency, o.amount_exponent, o.payer_email, o.review_reason,
+                o.operator_status, o.operator_money, o.acknowledged, o.announced_returned,
+                o.order_id
+         FROM unnest($1::text[]) WITH ORDINALITY AS u (order_id, n)
+              CROSS JOIN LATERAL (
+                  SELECT * FROM orders WHERE order_id = u.order_id FOR UPDATE) AS o
+         ORDER BY u.n",
+        &[&order_ids],
+    )?
+    .iter()
+    .map(|row| Ok((get(row, 17)?, order_row(row)?)))
+    .collect()
+}
+
+/// The order of a row whose first columns are those [`load_order`] reads.
+fn order_row(row: &postgres::Row) -> Result<OrderState, StoreError> {
+    let status: String = get(row, 0)?;
+    let provider: String = get(row, 1)?;
+    let operator_status: Option<String> = get(row, 13)?;
+    let operator_money: Option<String> = get(row, 14)?;
     let operator = match (operator_status, operator_money) {
         (Some(status), Some(money)) => Some(OperatorDecision {
             status: status
@@ -446,25 +754,25 @@ pub(crate) fn load_order(
         }),
         _ => None,
     };
-    let acknowledged: Option<String> = get(&row, 15)?;
-    let exponent: Option<i64> = get(&row, 10)?;
-    Ok(Some(OrderState {
+    let acknowledged: Option<String> = get(row, 15)?;
+    let exponent: Option<i64> = get(row, 10)?;
+    Ok(OrderState {
         status: status.parse().map_err(|_| unreadable("status", &status))?,
         provider: ProviderName::from_owned(provider)
             .map_err(|provider| unreadable("provider", &provider))?,
         exponent: exponent
             .map(|e| u32::try_from(e).map_err(|_| unreadable("amount_exponent", &e.to_string())))
             .transpose()?,
-        from_api: get(&row, 7)?,
-        amount: get(&row, 2)?,
-        refunded_amount: get(&row, 3)?,
-        currency: get(&row, 4)?,
-        customer_email: get(&row, 5)?,
-        payer_email: get(&row, 11)?,
-        payment_ref: get(&row, 6)?,
-        paid_amount: get(&row, 8)?,
-        paid_currency: get(&row, 9)?,
-        review: get(&row, 12)?,
+        from_api: get(row, 7)?,
+        amount: get(row, 2)?,
+        refunded_amount: get(row, 3)?,
+        currency: get(row, 4)?,
+        customer_email: get(row, 5)?,
+        payer_email: get(row, 11)?,
+        payment_ref: get(row, 6)?,
+        paid_amount: get(row, 8)?,
+        paid_currency: get(row, 9)?,
+        review: get(row, 12)?,
         operator,
         acknowledged: match acknowledged {
             Some(text) => {
@@ -472,34 +780,8 @@ pub(crate) fn load_order(
             }
             None => Vec::new(),
         },
-        announced: get(&row, 16)?,
-    }))
-}
-
-/// Writes the order as `decision` says (inserting it when the event created it), and records the
-/// change with its notices when it is one.
-fn save_order(
-    db: &mut Db<'_, '_>,
-    event: &NormalizedEvent,
-    order_id: &str,
-    decision: &crate::domain::Decision,
-    release_parked: Option<(&str, &str)>,
-    now: &str,
-) -> Result<(), StoreError> {
-    let by = ChangedBy::event(event.provider.as_str(), &event.event_id);
-    write_order(
-        db,
-        order_id,
-        &decision.next,
-        &by,
-        now,
-        OrderWrite {
-            row: Some(decision.record || decision.created),
-            transition: decision.record.then_some(decision.from),
-            notices: &decision.notices,
-            release_parked,
-        },
-    )
+        announced: get(row, 16)?,
+    })
 }
 
 /// What [`write_order`] writes.
@@ -522,15 +804,7 @@ pub(crate) struct OrderWrite<'a> {
     pub release_parked: Option<(&'a str, &'a str)>,
 }
 
-/// Writes what `write` says of the order `order_id` in its new `state`, in ONE statement (one round
-/// trip of the six a delivery makes): the order's row, the change in the audit trail numbered
-/// among the order's, its row in `forward_outbox` while forwarding is on, and its notices in
-/// `email_outbox`, and the release of the payment's parked events. Every writer of an order holds
-/// it (its row locked, or its key when it has none yet) before it records a change, so two
-/// instances never count the same number. The parts touch different tables (or rows: the events
-/// released are parked, the delivery's own is not), so running them side by side in one snapshot
-/// (as PostgreSQL runs a statement's data-modifying `WITH` parts) is running them one after the
-/// other; the foreign keys are checked at the statement's end, after the order's insert.
+/// Writes what `write` says of the order `order_id` in its new `state` ([`write_orders`] with one).
 pub(crate) fn write_order(
     db: &mut Db<'_, '_>,
     order_id: &str,
@@ -539,72 +813,150 @@ pub(crate) fn write_order(
     now: &str,
     write: OrderWrite<'_>,
 ) -> Result<(), StoreError> {
-    let operator_money = state
-        .operator
-        .as_ref()
-        .map(|d| serde_json::to_string(&d.money).expect("plain numbers serialise"));
-    let acknowledged = (!state.acknowledged.is_empty())
-        .then(|| serde_json::to_string(&state.acknowledged).expect("strings serialise"));
-    let operator_status = state.operator.as_ref().map(|d| d.status.as_str());
-    let exponent = state.exponent.map(i64::from);
-    let from = write.transition.flatten().map(OrderStatus::as_str);
-    let templates: Vec<&str> = write.notices.iter().map(|n| n.template).collect();
-    let notice_params: Vec<&str> = write.notices.iter().map(|n| n.params.as_str()).collect();
-    let keys: Vec<&str> = write.notices.iter().map(|n| n.key.as_str()).collect();
-    let (parked_provider, parked_payment) = write.release_parked.unzip();
+    write_orders(
+        db,
+        &[OrderSave {
+            order_id,
+            state,
+            by,
+            write,
+        }],
+        now,
+    )
+}
+
+/// One order for [`write_orders`] to write.
+pub(crate) struct OrderSave<'a> {
+    pub order_id: &'a str,
+    pub state: &'a OrderState,
+    pub by: &'a ChangedBy<'a>,
+    pub write: OrderWrite<'a>,
+}
+
+/// Writes what each of `saves` says of its order, in ONE statement (one round trip, where a
+/// delivery makes five more to read what it writes): the order's row, the change in the audit
+/// trail numbered among the order's, its row in `forward_outbox` while forwarding is on, its
+/// notices in `email_outbox`, and the release of the payment's parked events. Every writer of an
+/// order holds it (its row locked, or its key when it has none yet) before it records a change,
+/// so two instances never count the same number. The parts touch different tables (or rows: the
+/// events released are parked, a delivery's own is not), so running them side by side in one
+/// snapshot (as PostgreSQL runs a statement's data-modifying `WITH` parts) is running them one
+/// after the other; the foreign keys are checked at the statement's end, after the orders'
+/// inserts. The orders must be distinct (a change's number counts the order's changes before the
+/// statement): a batch's deliveries to one order are applied one by one.
+pub(crate) fn write_orders(
+    db: &mut Db<'_, '_>,
+    saves: &[OrderSave<'_>],
+    now: &str,
+) -> Result<(), StoreError> {
+    let mut rows = OrderRows::default();
+    for save in saves {
+        rows.push(save);
+    }
+    let OrderRows {
+        order_id,
+        provider,
+        status,
+        amount,
+        refunded_amount,
+        currency,
+        customer_email,
+        payment_ref,
+        event_id,
+        paid_amount,
+        paid_currency,
+        exponent,
+        payer_email,
+        review,
+        operator_status,
+        operator_money,
+        acknowledged,
+        announced,
+        stamp,
+        write_row,
+        record,
+        from,
+        by_provider,
+        actor,
+        reason,
+        parked_provider,
+        parked_payment,
+        notice_order,
+        templates,
+        notice_params,
+        keys,
+    } = rows;
     let params: [&(dyn ToSql + Sync); 32] = [
         &order_id,
-        &state.provider.as_str(),
-        &state.status.as_str(),
-        &state.amount,
-        &state.refunded_amount,
-        &state.currency,
-        &state.customer_email,
-        &state.payment_ref,
-        &now,
-        &by.event_id,
-        &state.paid_amount,
-        &state.paid_currency,
+        &provider,
+        &status,
+        &amount,
+        &refunded_amount,
+        &currency,
+        &customer_email,
+        &payment_ref,
+        &event_id,
+        &paid_amount,
+        &paid_currency,
         &exponent,
-        &state.payer_email,
-        &state.review,
+        &payer_email,
+        &review,
         &operator_status,
         &operator_money,
         &acknowledged,
-        &state.announced,
-        &write.row.unwrap_or(false),
-        &write.row.is_some(),
-        &write.transition.is_some(),
+        &announced,
+        &stamp,
+        &write_row,
+        &record,
         &from,
-        &by.provider,
-        &by.actor,
-        &by.reason,
+        &by_provider,
+        &actor,
+        &reason,
+        &parked_provider,
+        &parked_payment,
+        &now,
+        &notice_order,
         &templates,
         &notice_params,
         &keys,
-        &write.release_parked.is_some(),
-        &parked_provider,
-        &parked_payment,
     ];
     db.execute(
-        "WITH written AS (
+        "WITH w AS (
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[],
+                                  $5::bigint[], $6::text[], $7::text[], $8::text[], $9::text[],
+                                  $10::bigint[], $11::text[], $12::bigint[], $13::text[],
+                                  $14::text[], $15::text[], $16::text[], $17::text[],
+                                  $18::bigint[], $19::boolean[], $20::boolean[], $21::boolean[],
+                                  $22::text[], $23::text[], $24::text[], $25::text[], $26::text[],
+                                  $27::text[])
+                  WITH ORDINALITY AS w (order_id, provider, status, amount, refunded_amount,
+                                        currency, customer_email, payment_intent_id, event_id,
+                                        paid_amount, paid_currency, amount_exponent, payer_email,
+                                        review_reason, operator_status, operator_money,
+                                        acknowledged, announced_returned, stamp, write_row,
+                                        record, from_status, by_provider, actor, reason,
+                                        parked_provider, parked_payment, n)),
+         written AS (
              INSERT INTO orders (order_id, provider, status, amount, refunded_amount, currency,
                                  customer_email, payment_intent_id, created_at, updated_at,
                                  last_event_id, paid_amount, paid_currency, amount_exponent,
                                  payer_email, review_reason, operator_status, operator_money,
                                  acknowledged, announced_returned)
-             SELECT $1::text, $2::text, $3::text, $4::bigint, $5::bigint, $6::text, $7::text,
-                    $8::text, $9::text, $9::text, $10::text, $11::bigint, $12::text, $13::bigint,
-                    $14::text, $15::text, $16::text, $17::text, $18::text, $19::bigint
-             WHERE $21::boolean
+             SELECT order_id, provider, status, amount, refunded_amount, currency,
+                    customer_email, payment_intent_id, $28::text, $28::text, event_id,
+                    paid_amount, paid_currency, amount_exponent, payer_email, review_reason,
+                    operator_status, operator_money, acknowledged, announced_returned
+             FROM w WHERE write_row ORDER BY n
              ON CONFLICT (order_id) DO UPDATE SET
                  status = excluded.status, amount = excluded.amount,
                  refunded_amount = excluded.refunded_amount, currency = excluded.currency,
                  customer_email = excluded.customer_email,
                  payment_intent_id = excluded.payment_intent_id,
-                 updated_at = CASE WHEN $20::boolean THEN excluded.updated_at
-                                   ELSE orders.updated_at END,
-                 last_event_id = CASE WHEN $20::boolean THEN excluded.last_event_id
+                 updated_at = CASE WHEN (SELECT stamp FROM w WHERE w.order_id = excluded.order_id)
+                                   THEN excluded.updated_at ELSE orders.updated_at END,
+                 last_event_id = CASE WHEN (SELECT stamp FROM w
+                                            WHERE w.order_id = excluded.order_id)
+                                      THEN excluded.last_event_id
                                       ELSE orders.last_event_id END,
                  paid_amount = excluded.paid_amount, paid_currency = excluded.paid_currency,
                  amount_exponent = excluded.amount_exponent, payer_email = excluded.payer_email,
@@ -616,31 +968,121 @@ pub(crate) fn write_order(
              INSERT INTO order_transitions (order_id, from_status, to_status, refunded_amount,
                                             provider, event_id, changed_at, actor, reason,
                                             sequence, amount, currency)
-             SELECT $1::text, $23::text, $3::text, $5::bigint, $24::text, $10::text, $9::text,
-                    $25::text, $26::text,
-                    (SELECT count(*) + 1 FROM order_transitions WHERE order_id = $1::text),
-                    $4::bigint, $6::text
-             WHERE $22::boolean
-             RETURNING id),
+             SELECT order_id, from_status, status, refunded_amount, by_provider, event_id,
+                    $28::text, actor, reason,
+                    (SELECT count(*) + 1 FROM order_transitions t WHERE t.order_id = w.order_id),
+                    amount, currency
+             FROM w WHERE record ORDER BY n
+             RETURNING id, order_id),
          forwarded AS (
              INSERT INTO forward_outbox (change_id, order_id, created_at, next_attempt_at)
-             SELECT change.id, $1::text, $9::text, replace($9::text, 'Z', '.000Z')
-             FROM change, forward_state),
+             SELECT change.id, change.order_id, $28::text, replace($28::text, 'Z', '.000Z')
+             FROM change, forward_state ORDER BY change.id),
          queued AS (
              INSERT INTO email_outbox (order_id, recipient, template, params, idempotency_key,
                                        status, attempts, created_at, event_id, next_attempt_at)
-             SELECT $1::text, $7::text, notice.template, notice.params, notice.key, 'pending', 0,
-                    $9::text, $10::text, replace($9::text, 'Z', '.000Z')
-             FROM unnest($27::text[], $28::text[], $29::text[]) AS notice (template, params, key)
+             SELECT w.order_id, w.customer_email, notice.template, notice.params, notice.key,
+                    'pending', 0, $28::text, w.event_id, replace($28::text, 'Z', '.000Z')
+             FROM unnest($29::text[], $30::text[], $31::text[], $32::text[])
+                      WITH ORDINALITY AS notice (order_id, template, params, key, n)
+                  JOIN w ON w.order_id = notice.order_id
+             ORDER BY notice.n
              ON CONFLICT (order_id, idempotency_key) DO NOTHING),
          released AS (
-             UPDATE processed_events SET outcome = 'processed', order_id = $1::text
-             WHERE $30::boolean AND outcome = 'parked' AND payment_intent_id = $32::text
-               AND provider = $31::text)
+             UPDATE processed_events AS e SET outcome = 'processed', order_id = w.order_id
+             FROM w
+             WHERE w.parked_payment IS NOT NULL AND e.outcome = 'parked'
+               AND e.payment_intent_id = w.parked_payment AND e.provider = w.parked_provider)
          SELECT",
         &params,
     )?;
     Ok(())
+}
+
+/// The columns [`write_orders`] writes, one array each, and the notices' (by their order).
+#[derive(Default)]
+struct OrderRows<'a> {
+    order_id: Vec<&'a str>,
+    provider: Vec<&'a str>,
+    status: Vec<&'static str>,
+    amount: Vec<Option<i64>>,
+    refunded_amount: Vec<i64>,
+    currency: Vec<Option<&'a str>>,
+    customer_email: Vec<Option<&'a str>>,
+    payment_ref: Vec<Option<&'a str>>,
+    event_id: Vec<&'a str>,
+    paid_amount: Vec<Option<i64>>,
+    paid_currency: Vec<Option<&'a str>>,
+    exponent: Vec<Option<i64>>,
+    payer_email: Vec<Option<&'a str>>,
+    review: Vec<Option<&'a str>>,
+    operator_status: Vec<Option<&'static str>>,
+    operator_money: Vec<Option<String>>,
+    acknowledged: Vec<Option<String>>,
+    announced: Vec<i64>,
+    stamp: Vec<bool>,
+    write_row: Vec<bool>,
+    record: Vec<bool>,
+    from: Vec<Option<&'static str>>,
+    by_provider: Vec<&'a str>,
+    actor: Vec<Option<&'a str>>,
+    reason: Vec<Option<&'a str>>,
+    parked_provider: Vec<Option<&'a str>>,
+    parked_payment: Vec<Option<&'a str>>,
+    notice_order: Vec<&'a str>,
+    templates: Vec<&'a str>,
+    notice_params: Vec<&'a str>,
+    keys: Vec<&'a str>,
+}
+
+impl<'a> OrderRows<'a> {
+    fn push(&mut self, save: &OrderSave<'a>) {
+        let (state, write, by) = (save.state, &save.write, save.by);
+        self.order_id.push(save.order_id);
+        self.provider.push(state.provider.as_str());
+        self.status.push(state.status.as_str());
+        self.amount.push(state.amount);
+        self.refunded_amount.push(state.refunded_amount);
+        self.currency.push(state.currency.as_deref());
+        self.customer_email.push(state.customer_email.as_deref());
+        self.payment_ref.push(state.payment_ref.as_deref());
+        self.event_id.push(by.event_id);
+        self.paid_amount.push(state.paid_amount);
+        self.paid_currency.push(state.paid_currency.as_deref());
+        self.exponent.push(state.exponent.map(i64::from));
+        self.payer_email.push(state.payer_email.as_deref());
+        self.review.push(state.review.as_deref());
+        self.operator_status
+            .push(state.operator.as_ref().map(|d| d.status.as_str()));
+        self.operator_money.push(
+            state
+                .operator
+                .as_ref()
+                .map(|d| serde_json::to_string(&d.money).expect("plain numbers serialise")),
+        );
+        self.acknowledged.push(
+            (!state.acknowledged.is_empty())
+                .then(|| serde_json::to_string(&state.acknowledged).expect("strings serialise")),
+        );
+        self.announced.push(state.announced);
+        self.stamp.push(write.row.unwrap_or(false));
+        self.write_row.push(write.row.is_some());
+        self.record.push(write.transition.is_some());
+        self.from
+            .push(write.transition.flatten().map(OrderStatus::as_str));
+        self.by_provider.push(by.provider);
+        self.actor.push(by.actor);
+        self.reason.push(by.reason);
+        let (parked_provider, parked_payment) = write.release_parked.unzip();
+        self.parked_provider.push(parked_provider);
+        self.parked_payment.push(parked_payment);
+        for notice in write.notices {
+            self.notice_order.push(save.order_id);
+            self.templates.push(notice.template);
+            self.notice_params.push(&notice.params);
+            self.keys.push(&notice.key);
+        }
+    }
 }
 
 /// Who made a change, as the audit trail records it (`order_transitions.provider`, `event_id`,

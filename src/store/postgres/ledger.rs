@@ -181,6 +181,43 @@ pub fn read_locked(
     Ok(Locked::Found(Box::new(stored.expect("a row was found"))))
 }
 
+/// [`read_locked`] of each of `payments` (provider, reference), each its own name, in ONE
+/// statement (and one more for each that has refunds or disputes), their rows locked in the
+/// order given. The caller holds their keys.
+pub fn read_all_locked(
+    db: &mut Db<'_, '_>,
+    payments: &[(&str, &str)],
+) -> Result<Vec<Locked>, StoreError> {
+    let (providers, references): (Vec<&str>, Vec<&str>) = payments.iter().copied().unzip();
+    let rows = db.query(
+        "SELECT p.order_id, p.currency, p.requested, p.expected, p.authorized, p.captured,
+                p.captured_at, p.released, p.released_as_refunds, p.attempt, p.attempt_at,
+                p.undone, p.refunded_reported, p.refunded_reported_at, p.refund_count,
+                p.dispute_count, p.payment_ref IS NOT NULL,
+                coalesce((SELECT payment_ref FROM payment_aliases
+                          WHERE provider = r.provider AND alias = r.reference), r.reference)
+         FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS r (provider, reference, n)
+              LEFT JOIN LATERAL (
+                  SELECT * FROM payments
+                  WHERE provider = r.provider AND payment_ref = r.reference
+                  FOR UPDATE) AS p ON true
+         ORDER BY r.n",
+        &[&providers, &references],
+    )?;
+    rows.into_iter()
+        .zip(payments)
+        .map(|(row, (provider, reference))| {
+            if !get::<bool>(&row, 16)? {
+                return Ok(Locked::Absent {
+                    now_named: get(&row, 17)?,
+                });
+            }
+            let stored = with_children(db, provider, reference, Some(row))?;
+            Ok(Locked::Found(Box::new(stored.expect("a row was found"))))
+        })
+        .collect()
+}
+
 /// The payment of `row` (read by [`load`] or [`load_locked`]) with its refunds and disputes.
 fn with_children(
     db: &mut Db<'_, '_>,
@@ -342,6 +379,42 @@ pub fn others_of_order(
     Ok(payments)
 }
 
+/// The payments linked to each of `order_ids` but `except` (provider, reference), by order, as
+/// [`others_of_order`] reads each order's: in one statement, and one more for each.
+pub fn others_of_orders(
+    db: &mut Db<'_, '_>,
+    order_ids: &[&str],
+    except: &[(&str, &str)],
+) -> Result<std::collections::HashMap<String, Vec<(String, StoredPayment)>>, StoreError> {
+    let rows = db.query(
+        // Each order's looked up by its key, as `events::load_orders` does (`OFFSET 0` keeps
+        // the subquery from being merged into a join that may scan the whole table).
+        "SELECT u.order_id, p.provider, p.payment_ref
+         FROM unnest($1::text[]) AS u (order_id)
+              CROSS JOIN LATERAL (
+                  SELECT provider, payment_ref FROM payments WHERE order_id = u.order_id
+                  OFFSET 0) AS p
+         ORDER BY u.order_id, p.provider, p.payment_ref",
+        &[&order_ids],
+    )?;
+    let mut payments = std::collections::HashMap::<String, Vec<_>>::new();
+    for row in rows {
+        let order_id: String = get(&row, 0)?;
+        let provider: String = get(&row, 1)?;
+        let reference: String = get(&row, 2)?;
+        if except.contains(&(provider.as_str(), reference.as_str())) {
+            continue;
+        }
+        if let Some(stored) = load(db, &provider, &reference)? {
+            payments
+                .entry(order_id)
+                .or_default()
+                .push((provider, stored));
+        }
+    }
+    Ok(payments)
+}
+
 /// Writes `facts` as the payment `reference`'s, linked to `order_id`: the row, and the refunds and
 /// disputes that differ from `before`'s.
 ///
@@ -355,103 +428,245 @@ pub fn save(
     facts: &PaymentFacts,
     now: &str,
 ) -> Result<(), StoreError> {
-    let (attempt, attempt_at) = facts.attempt.unwrap_or((Attempt::Pending, 0));
-    let captured_at = facts.captured_at.and_then(time_text);
-    let released = facts.released.unwrap_or(0);
-    let released_as_refunds = facts.released_as_refunds.unwrap_or(0);
-    let attempt_at = time_text(attempt_at);
-    let undone = i64::from(facts.undone);
-    let reported = facts.refunded_snapshot.map(|s| s.amount);
-    let reported_at = facts.refunded_snapshot.and_then(|s| time_text(s.at));
-    let refund_count = facts.refunds.len() as i64;
-    let dispute_count = facts.disputes.len() as i64;
+    save_all(
+        db,
+        &[PaymentSave {
+            provider,
+            reference,
+            order_id,
+            before,
+            facts,
+        }],
+        now,
+    )
+}
+
+/// A payment's facts for [`save_all`] to write.
+pub struct PaymentSave<'a> {
+    pub provider: &'a str,
+    pub reference: &'a str,
+    pub order_id: Option<&'a str>,
+    /// The facts the payment had, read under its lock in this transaction: only its refunds and
+    /// disputes that differ from these are written.
+    pub before: &'a PaymentFacts,
+    pub facts: &'a PaymentFacts,
+}
+
+/// Writes each of `saves` as [`save`] does, in ONE statement: every payment's row, then the refunds
+/// and disputes that changed. The payments must be distinct (one statement cannot change a row
+/// twice): a batch's deliveries of one payment are applied one by one.
+pub fn save_all(
+    db: &mut Db<'_, '_>,
+    saves: &[PaymentSave<'_>],
+    now: &str,
+) -> Result<(), StoreError> {
+    let mut rows = PaymentRows::default();
+    for save in saves {
+        rows.push(save);
+    }
+    let PaymentRows {
+        provider,
+        reference,
+        order_id,
+        currency,
+        requested,
+        expected,
+        authorized,
+        captured,
+        captured_at,
+        released,
+        released_as_refunds,
+        attempt,
+        attempt_at,
+        undone,
+        reported,
+        reported_at,
+        returned,
+        withdrawn,
+        refund_count,
+        dispute_count,
+        refunds,
+        disputes,
+    } = rows;
     db.execute(
-        "INSERT INTO payments (provider, payment_ref, order_id, currency, requested, expected,
-                               authorized, captured, captured_at, released, released_as_refunds,
-                               attempt, attempt_at, undone, refunded_reported,
-                               refunded_reported_at, returned, withdrawn, refund_count,
-                               dispute_count, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-                 $19, $20, $21, $21)
-         ON CONFLICT (provider, payment_ref) DO UPDATE SET
-             order_id = excluded.order_id, currency = excluded.currency,
-             requested = excluded.requested, expected = excluded.expected,
-             authorized = excluded.authorized, captured = excluded.captured,
-             captured_at = excluded.captured_at, released = excluded.released,
-             released_as_refunds = excluded.released_as_refunds, attempt = excluded.attempt,
-             attempt_at = excluded.attempt_at, undone = excluded.undone,
-             refunded_reported = excluded.refunded_reported,
-             refunded_reported_at = excluded.refunded_reported_at,
-             returned = excluded.returned, withdrawn = excluded.withdrawn,
-             refund_count = excluded.refund_count, dispute_count = excluded.dispute_count,
-             updated_at = excluded.updated_at",
+        "WITH saved AS (
+             INSERT INTO payments (provider, payment_ref, order_id, currency, requested, expected,
+                                   authorized, captured, captured_at, released,
+                                   released_as_refunds, attempt, attempt_at, undone,
+                                   refunded_reported, refunded_reported_at, returned, withdrawn,
+                                   refund_count, dispute_count, created_at, updated_at)
+             SELECT p.*, $21::text, $21::text
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[],
+                         $6::bigint[], $7::bigint[], $8::bigint[], $9::text[], $10::bigint[],
+                         $11::bigint[], $12::text[], $13::text[], $14::bigint[], $15::bigint[],
+                         $16::text[], $17::bigint[], $18::bigint[], $19::bigint[], $20::bigint[])
+                  AS p
+             ON CONFLICT (provider, payment_ref) DO UPDATE SET
+                 order_id = excluded.order_id, currency = excluded.currency,
+                 requested = excluded.requested, expected = excluded.expected,
+                 authorized = excluded.authorized, captured = excluded.captured,
+                 captured_at = excluded.captured_at, released = excluded.released,
+                 released_as_refunds = excluded.released_as_refunds, attempt = excluded.attempt,
+                 attempt_at = excluded.attempt_at, undone = excluded.undone,
+                 refunded_reported = excluded.refunded_reported,
+                 refunded_reported_at = excluded.refunded_reported_at,
+                 returned = excluded.returned, withdrawn = excluded.withdrawn,
+                 refund_count = excluded.refund_count, dispute_count = excluded.dispute_count,
+                 updated_at = excluded.updated_at),
+         refunds AS (
+             INSERT INTO payment_refunds (provider, payment_ref, refund_id, amount, state,
+                                          failed_at)
+             SELECT * FROM unnest($22::text[], $23::text[], $24::text[], $25::bigint[],
+                                  $26::text[], $27::text[])
+             ON CONFLICT (provider, payment_ref, refund_id) DO UPDATE SET
+                 amount = excluded.amount, state = excluded.state,
+                 failed_at = excluded.failed_at)
+         INSERT INTO payment_disputes (provider, payment_ref, dispute_id, amount, stage, withdrawn,
+                                       reinstated)
+         SELECT * FROM unnest($28::text[], $29::text[], $30::text[], $31::bigint[], $32::text[],
+                              $33::bigint[], $34::bigint[])
+         ON CONFLICT (provider, payment_ref, dispute_id) DO UPDATE SET
+             amount = excluded.amount, stage = excluded.stage,
+             withdrawn = excluded.withdrawn, reinstated = excluded.reinstated",
         &[
             &provider,
             &reference,
             &order_id,
-            &facts.currency,
-            &facts.requested,
-            &facts.expected,
-            &facts.authorized,
-            &facts.captured(),
+            &currency,
+            &requested,
+            &expected,
+            &authorized,
+            &captured,
             &captured_at,
             &released,
             &released_as_refunds,
-            &attempt.as_str(),
+            &attempt,
             &attempt_at,
             &undone,
             &reported,
             &reported_at,
-            &facts.returned(),
-            &facts.withdrawn(),
+            &returned,
+            &withdrawn,
             &refund_count,
             &dispute_count,
             &now,
+            &refunds.provider,
+            &refunds.reference,
+            &refunds.id,
+            &refunds.amount,
+            &refunds.state,
+            &refunds.failed_at,
+            &disputes.provider,
+            &disputes.reference,
+            &disputes.id,
+            &disputes.amount,
+            &disputes.stage,
+            &disputes.withdrawn,
+            &disputes.reinstated,
         ],
     )?;
-    for (id, refund) in &facts.refunds {
-        if before.refunds.get(id) == Some(refund) {
-            continue;
-        }
-        let failed_at = refund.failed_at.and_then(time_text);
-        db.execute(
-            "INSERT INTO payment_refunds (provider, payment_ref, refund_id, amount, state,
-                                          failed_at)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (provider, payment_ref, refund_id) DO UPDATE SET
-                 amount = excluded.amount, state = excluded.state,
-                 failed_at = excluded.failed_at",
-            &[
-                &provider,
-                &reference,
-                id,
-                &refund.amount,
-                &refund.state.as_str(),
-                &failed_at,
-            ],
-        )?;
-    }
-    for (id, dispute) in &facts.disputes {
-        if before.disputes.get(id) == Some(dispute) {
-            continue;
-        }
-        db.execute(
-            "INSERT INTO payment_disputes (provider, payment_ref, dispute_id, amount, stage,
-                                           withdrawn, reinstated)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
-             ON CONFLICT (provider, payment_ref, dispute_id) DO UPDATE SET
-                 amount = excluded.amount, stage = excluded.stage,
-                 withdrawn = excluded.withdrawn, reinstated = excluded.reinstated",
-            &[
-                &provider,
-                &reference,
-                id,
-                &dispute.amount,
-                &dispute.stage.as_str(),
-                &i64::from(dispute.withdrawn),
-                &i64::from(dispute.reinstated),
-            ],
-        )?;
-    }
     Ok(())
+}
+
+/// The columns [`save_all`] writes, one array each.
+#[derive(Default)]
+struct PaymentRows<'a> {
+    provider: Vec<&'a str>,
+    reference: Vec<&'a str>,
+    order_id: Vec<Option<&'a str>>,
+    currency: Vec<Option<&'a str>>,
+    requested: Vec<Option<i64>>,
+    expected: Vec<Option<i64>>,
+    authorized: Vec<Option<i64>>,
+    captured: Vec<i64>,
+    captured_at: Vec<Option<String>>,
+    released: Vec<i64>,
+    released_as_refunds: Vec<i64>,
+    attempt: Vec<&'static str>,
+    attempt_at: Vec<Option<String>>,
+    undone: Vec<i64>,
+    reported: Vec<Option<i64>>,
+    reported_at: Vec<Option<String>>,
+    returned: Vec<i64>,
+    withdrawn: Vec<i64>,
+    refund_count: Vec<i64>,
+    dispute_count: Vec<i64>,
+    refunds: RefundRows<'a>,
+    disputes: DisputeRows<'a>,
+}
+
+#[derive(Default)]
+struct RefundRows<'a> {
+    provider: Vec<&'a str>,
+    reference: Vec<&'a str>,
+    id: Vec<&'a str>,
+    amount: Vec<i64>,
+    state: Vec<&'static str>,
+    failed_at: Vec<Option<String>>,
+}
+
+#[derive(Default)]
+struct DisputeRows<'a> {
+    provider: Vec<&'a str>,
+    reference: Vec<&'a str>,
+    id: Vec<&'a str>,
+    amount: Vec<i64>,
+    stage: Vec<&'static str>,
+    withdrawn: Vec<i64>,
+    reinstated: Vec<i64>,
+}
+
+impl<'a> PaymentRows<'a> {
+    fn push(&mut self, save: &PaymentSave<'a>) {
+        let facts = save.facts;
+        let (attempt, attempt_at) = facts.attempt.unwrap_or((Attempt::Pending, 0));
+        self.provider.push(save.provider);
+        self.reference.push(save.reference);
+        self.order_id.push(save.order_id);
+        self.currency.push(facts.currency.as_deref());
+        self.requested.push(facts.requested);
+        self.expected.push(facts.expected);
+        self.authorized.push(facts.authorized);
+        self.captured.push(facts.captured());
+        self.captured_at.push(facts.captured_at.and_then(time_text));
+        self.released.push(facts.released.unwrap_or(0));
+        self.released_as_refunds
+            .push(facts.released_as_refunds.unwrap_or(0));
+        self.attempt.push(attempt.as_str());
+        self.attempt_at.push(time_text(attempt_at));
+        self.undone.push(i64::from(facts.undone));
+        self.reported
+            .push(facts.refunded_snapshot.map(|s| s.amount));
+        self.reported_at
+            .push(facts.refunded_snapshot.and_then(|s| time_text(s.at)));
+        self.returned.push(facts.returned());
+        self.withdrawn.push(facts.withdrawn());
+        self.refund_count.push(facts.refunds.len() as i64);
+        self.dispute_count.push(facts.disputes.len() as i64);
+        for (id, refund) in &facts.refunds {
+            if save.before.refunds.get(id) == Some(refund) {
+                continue;
+            }
+            let rows = &mut self.refunds;
+            rows.provider.push(save.provider);
+            rows.reference.push(save.reference);
+            rows.id.push(id);
+            rows.amount.push(refund.amount);
+            rows.state.push(refund.state.as_str());
+            rows.failed_at.push(refund.failed_at.and_then(time_text));
+        }
+        for (id, dispute) in &facts.disputes {
+            if save.before.disputes.get(id) == Some(dispute) {
+                continue;
+            }
+            let rows = &mut self.disputes;
+            rows.provider.push(save.provider);
+            rows.reference.push(save.reference);
+            rows.id.push(id);
+            rows.amount.push(dispute.amount);
+            rows.stage.push(dispute.stage.as_str());
+            rows.withdrawn.push(i64::from(dispute.withdrawn));
+            rows.reinstated.push(i64::from(dispute.reinstated));
+        }
+    }
 }

@@ -355,7 +355,9 @@ fn run_batch(
     let now_ms = clock.now_millis();
     // Deliveries and the relay's work first, optimistically, without savepoints: a savepoint costs
     // two round trips per unit, and almost every batch succeeds whole. Every delivery of the batch
-    // is claimed first, in one statement (`events::claim`), then each applied. If one unit fails,
+    // is claimed first, in one statement (`events::claim`); those that can go side by side are
+    // applied together, in a few statements for them all (`events::apply_claimed_together`);
+    // then each of the rest. If one unit fails,
     // PostgreSQL has aborted the transaction: it is rolled back and the whole batch runs again with
     // a savepoint per unit, where that unit fails alone. Each can run twice: nothing was committed
     // or answered. API work cannot (its response is worded once, an `FnOnce`), so it always runs in
@@ -370,8 +372,8 @@ fn run_batch(
             .for_each(|(work, _)| unrun(work).fail(unavailable));
         return client.is_closed();
     };
-    // The units' results, or the first failure and whose it was (none's: the batch's claim).
-    let optimistic: Result<Vec<Ran>, (Option<usize>, StoreError)> = (|| {
+    // The units' results, or the first failure and whose it was.
+    let optimistic: Result<(Vec<Ran>, usize), (Failed, StoreError)> = (|| {
         let mut db = Db::new(&mut tx, statements);
         // Every delivery's claim first, in one statement, in the batch's lock order.
         let deliveries: Vec<_> = plain
@@ -381,10 +383,32 @@ fn run_batch(
                 _ => None,
             })
             .collect();
-        let mut claims = events::claim(&mut db, &deliveries, now_unix, false)
-            .map_err(|e| (None, e))?
-            .into_iter();
-        plain
+        let claims =
+            events::claim(&mut db, &deliveries, now_unix, false).map_err(|e| (Failed::Claim, e))?;
+        // Then the claimed deliveries that can be applied side by side, together; the rest one
+        // by one.
+        let claimed: Vec<(usize, (&NormalizedEvent, &Span))> = plain
+            .iter()
+            .enumerate()
+            .filter_map(|(index, (work, span))| match work {
+                Work::Delivery { event, .. } => Some((index, (event, span))),
+                _ => None,
+            })
+            .zip(&claims)
+            .filter(|(_, claim)| **claim == events::Claim::Claimed)
+            .map(|(delivery, _)| delivery)
+            .collect();
+        let (indices, claimed): (Vec<usize>, Vec<_>) = claimed.into_iter().unzip();
+        let mut applied = vec![None; plain.len()];
+        for (index, outcome) in indices.into_iter().zip(
+            events::apply_claimed_together(&mut db, &claimed, now_unix)
+                .map_err(|e| (Failed::Together, e))?,
+        ) {
+            applied[index] = outcome;
+        }
+        let together = applied.iter().flatten().count();
+        let mut claims = claims.into_iter();
+        let ran = plain
             .iter()
             .enumerate()
             .map(|(index, (work, span))| {
@@ -393,12 +417,19 @@ fn run_batch(
                     Work::Delivery { .. } => claims.next(),
                     _ => None,
                 };
-                run_rerunnable(&mut db, work, claim, now_unix, now_ms).map_err(|e| (Some(index), e))
+                if let Some(outcome) = applied[index] {
+                    return Ok(Ran::Delivery(outcome));
+                }
+                run_rerunnable(&mut db, work, claim, now_unix, now_ms)
+                    .map_err(|e| (Failed::Unit(index), e))
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok((ran, together))
     })();
+    let mut together = 0;
     let (mut tx, mut done, batch) = match optimistic {
-        Ok(ran) => {
+        Ok((ran, applied_together)) => {
+            together = applied_together;
             let done: Vec<Done> = plain
                 .into_iter()
                 .zip(ran)
@@ -419,11 +450,13 @@ fn run_batch(
             tracing::debug!(error = %crate::telemetry::ErrorChain(&e), "a unit failed: rerunning the batch with a savepoint each");
             let mut plain = plain;
             match (failed, e.is_conflict()) {
-                // A conflict with another transaction runs again with the rest.
-                (_, true) => {}
+                // A conflict with another transaction runs again with the rest; so does a
+                // failure of the deliveries applied together, each then in its own savepoint,
+                // where only the one at fault fails.
+                (_, true) | (Failed::Together, _) => {}
                 // Its own failure (a lock timeout, a constraint): answered now, not waited
                 // for twice.
-                (Some(failed), false) => {
+                (Failed::Unit(failed), false) => {
                     let (work, span) = plain.remove(failed);
                     let _entered = span.enter();
                     tracing::error!(error = %crate::telemetry::ErrorChain(&e), "a unit of the batch failed and was rolled back alone");
@@ -432,7 +465,7 @@ fn run_batch(
                 // The batch's claim failed (a lock timeout: a table locked, an event another
                 // transaction holds too long): every delivery of the batch is answered with
                 // its error (503, which providers retry), not made to wait again one by one.
-                (None, false) => {
+                (Failed::Claim, false) => {
                     let (deliveries, rest): (Vec<_>, Vec<_>) = plain
                         .into_iter()
                         .partition(|(work, _)| matches!(work, Work::Delivery { .. }));
@@ -489,6 +522,7 @@ fn run_batch(
         return e.is_connection_lost();
     }
     counters.committed(done.len(), commit_started.elapsed());
+    WriterCounters::add(&counters.deliveries_together, together);
     done.iter().for_each(|d| d.count(counters));
     done.into_iter().for_each(Done::answer);
     false
@@ -504,6 +538,16 @@ fn begin(client: &mut Client) -> Option<postgres::Transaction<'_>> {
             None
         }
     }
+}
+
+/// What failed when a batch ran optimistically.
+enum Failed {
+    /// The claim of all its deliveries.
+    Claim,
+    /// The deliveries applied together.
+    Together,
+    /// The unit at this index.
+    Unit(usize),
 }
 
 /// What a unit that can run twice did, before its answer is due.
