@@ -19,13 +19,13 @@ use super::ledger;
 use super::{get, Db, StoreError};
 use crate::clock::iso_seconds;
 use crate::domain::decide;
-use crate::domain::decision::News;
 use crate::domain::ledger::{OperatorDecision, OrderPayment, PaymentFacts};
 use crate::domain::text::Escaped;
 pub use crate::domain::Outcome;
 use crate::domain::{
     NormalizedEvent, OrderRef, OrderState, OrderStatus, ProviderName, QueuedNotice,
 };
+use crate::store::payments::Merged;
 use crate::store::ErrorKind;
 
 /// Claims `event` and applies its effects. `payload` is the raw verified body.
@@ -323,51 +323,7 @@ fn resolve_and_apply(
     Ok((applied.decision.outcome, Some(order_id)))
 }
 
-/// A payment's facts before and after an event's are merged in, read under its lock.
-struct Merged {
-    /// The order the payment was linked to before the event (its own row's, or that of another
-    /// name of it).
-    linked: Option<String>,
-    before: PaymentFacts,
-    after: PaymentFacts,
-    news: News,
-    /// Whether facts that waited under another name of it were folded in.
-    folded: bool,
-}
-
 impl Merged {
-    /// `report`'s facts merged into the payment `stored` and the facts `folded` in from its
-    /// other names (one of which may have been linked to `linked_through_alias`).
-    fn of(
-        report: &crate::domain::PaymentReport,
-        stored: Option<ledger::StoredPayment>,
-        folded: PaymentFacts,
-        linked_through_alias: Option<String>,
-    ) -> Self {
-        let linked = stored
-            .as_ref()
-            .and_then(|s| s.order_id.clone())
-            .or(linked_through_alias);
-        let before = stored.map(|s| s.facts).unwrap_or_default();
-        let mut after = before.clone();
-        after.merge(&folded);
-        after.merge(&report.facts);
-        let news = if before.material() != after.material() {
-            News::New
-        } else if report.facts.material() == after.material() {
-            News::Same
-        } else {
-            News::Older
-        };
-        Merged {
-            linked,
-            before,
-            after,
-            news,
-            folded: folded != PaymentFacts::default(),
-        }
-    }
-
     /// What the order `order_id` (`current`, with its `others` payments) becomes with the
     /// payment `reference` as merged.
     fn apply(

@@ -12,13 +12,13 @@ use super::statements::Statements;
 use super::StoreError;
 use crate::clock::iso_seconds;
 use crate::domain::decide;
-use crate::domain::decision::News;
-use crate::domain::ledger::{OperatorDecision, OrderPayment, PaymentFacts};
+use crate::domain::ledger::{OperatorDecision, OrderPayment};
 use crate::domain::text::Escaped;
 pub use crate::domain::Outcome;
 use crate::domain::{
     NormalizedEvent, OrderRef, OrderState, OrderStatus, ProviderName, QueuedNotice,
 };
+use crate::store::payments::Merged;
 
 /// Marks processed the events parked under the payment `?2` of provider `?1`, for the order
 /// `?3`. A parked event waits under its payment's key (`processed_events.payment_intent_id`):
@@ -144,21 +144,13 @@ fn resolve_and_apply(
     let (folded, linked_through_alias) =
         ledger::adopt_aliases(db, provider, &reference, &report.aliases)?;
     let stored = ledger::load(db, provider, &reference)?;
-    let linked = stored
-        .as_ref()
-        .and_then(|s| s.order_id.clone())
-        .or(linked_through_alias);
-    let before = stored.map(|s| s.facts).unwrap_or_default();
-    let mut after = before.clone();
-    after.merge(&folded);
-    after.merge(&report.facts);
-    let news = if before.material() != after.material() {
-        News::New
-    } else if report.facts.material() == after.material() {
-        News::Same
-    } else {
-        News::Older
-    };
+    let Merged {
+        linked,
+        before,
+        after,
+        news,
+        folded,
+    } = Merged::of(report, stored, folded, linked_through_alias);
 
     let order_id = match (&event.order_ref, &linked) {
         (OrderRef::OrderId(named), Some(linked)) if named != linked => {
@@ -234,7 +226,7 @@ fn resolve_and_apply(
     }
     // A payment linked by this event, or one that took in the facts of another name of it
     // (which may have been waiting unlinked).
-    if linked.is_none() || folded != PaymentFacts::default() {
+    if linked.is_none() || folded {
         // The events whose facts waited for this link count now: those parked under the
         // payment's key, which includes those parked under another name of it (a refund parked
         // under a PaymentIntent that an invoice, named by the order, turned out to be paid by).
