@@ -31,10 +31,12 @@ use crate::store::{CommitFaults, CreateOrder, ErrorKind, WriteError};
 /// Times a unit reruns after a deadlock or a serialization failure before it gets 503.
 pub const TRANSIENT_RERUNS: u32 = 3;
 
-/// Writers per instance unless set. A writer spends most of a batch waiting for the server's
-/// answers (one round trip per statement): several, each committing its own batches, keep the
-/// server busy while each waits. Measured with benches/engines.sh (see docs/postgres.md).
-pub const DEFAULT_WRITERS: usize = 4;
+/// Writers per instance. A writer spends much of a batch waiting for the server's answers (one
+/// round trip per statement): two, each committing its own batches, keep the server busy while
+/// each waits. More make each batch smaller, and a batch's deliveries that go together cost a
+/// few statements whatever their number (`events::apply_claimed_together`): with them, 2 writers
+/// did 1.19 × 4 and 1.24 × 1 (docs/postgres.md#performance).
+pub const DEFAULT_WRITERS: usize = 2;
 
 /// How long the writer waits between attempts to connect again.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
