@@ -18,14 +18,12 @@ use postgres::types::ToSql;
 use super::ledger;
 use super::{get, Db, StoreError};
 use crate::clock::iso_seconds;
-use crate::domain::decide;
-use crate::domain::ledger::{OperatorDecision, OrderPayment, PaymentFacts};
-use crate::domain::text::Escaped;
+use crate::domain::ledger::{OperatorDecision, PaymentFacts};
 pub use crate::domain::Outcome;
 use crate::domain::{
     NormalizedEvent, OrderRef, OrderState, OrderStatus, ProviderName, QueuedNotice,
 };
-use crate::store::payments::Merged;
+use crate::store::payments::{order_for, Applied, Merged};
 use crate::store::ErrorKind;
 
 /// Claims `event` and applies its effects. `payload` is the raw verified body.
@@ -321,98 +319,6 @@ fn resolve_and_apply(
         applied.order_write(provider, &reference),
     )?;
     Ok((applied.decision.outcome, Some(order_id)))
-}
-
-impl Merged {
-    /// What the order `order_id` (`current`, with its `others` payments) becomes with the
-    /// payment `reference` as merged.
-    fn apply(
-        &self,
-        event: &NormalizedEvent,
-        reference: &str,
-        order_id: &str,
-        current: Option<&OrderState>,
-        others: &[(String, ledger::StoredPayment)],
-    ) -> Applied {
-        let provider = event.provider.as_str();
-        let mut before_payments = ledger::views(others);
-        let mut after_payments = before_payments.clone();
-        // A payment newly linked did not count for the order before this event.
-        if self.linked.is_some() {
-            before_payments.push(OrderPayment {
-                provider,
-                reference,
-                facts: &self.before,
-            });
-        }
-        after_payments.push(OrderPayment {
-            provider,
-            reference,
-            facts: &self.after,
-        });
-        let decision = decide(
-            order_id,
-            current,
-            event,
-            &before_payments,
-            &after_payments,
-            self.news,
-        );
-        if !matches!(decision.outcome, Outcome::Processed | Outcome::Stale) {
-            tracing::warn!(
-                order_id = %Escaped(order_id),
-                provider,
-                event_type = %Escaped(&event.event_type),
-                outcome = decision.outcome.as_str(),
-                reason = %Escaped(decision.next.review.as_deref().unwrap_or("")),
-                "order moved to needs_review"
-            );
-        }
-        Applied {
-            decision,
-            // Saved whenever the merge changed anything, not only in what counts
-            // (`News::New`): a later time of the same attempt state (a retry's `processing`
-            // after a decline) must be kept, or an older event delivered after it would win the
-            // merge.
-            save_payment: self.after != self.before || self.linked.as_deref() != Some(order_id),
-            // A payment linked by this event, or one that took in the facts of another name of
-            // it (which may have been waiting unlinked): the events whose facts waited for this
-            // link count now, those parked under the payment's key, which includes those parked
-            // under another name of it (a refund parked under a PaymentIntent that an invoice,
-            // named by the order, turned out to be paid by). Released with the order's write.
-            release_parked: self.linked.is_none() || self.folded,
-        }
-    }
-}
-
-/// The order `event`'s facts count for, its payment linked to `linked` (if it is): the order it
-/// names, else its payment's; `None` while neither is known (the facts wait on the payment).
-fn order_for(event: &NormalizedEvent, reference: &str, linked: Option<&str>) -> Option<String> {
-    match (&event.order_ref, linked) {
-        (OrderRef::OrderId(named), Some(linked)) if named != linked => {
-            // A payment pays one order: the first link stands, and the event's facts are that
-            // order's. Said, as a provider should not do this.
-            tracing::warn!(
-                provider = event.provider.as_str(),
-                payment = %Escaped(reference),
-                named = %Escaped(named),
-                linked = %Escaped(linked),
-                "an event names another order than the one its payment is linked to; its facts count for the linked one"
-            );
-            Some(linked.to_owned())
-        }
-        (OrderRef::OrderId(named), _) => Some(named.clone()),
-        (_, linked) => linked.map(str::to_owned),
-    }
-}
-
-/// What an event does to its order, computed by [`Merged::apply`].
-struct Applied {
-    decision: crate::domain::Decision,
-    /// Whether the payment's row is to be written.
-    save_payment: bool,
-    /// Whether the events parked under the payment's key are released to the order.
-    release_parked: bool,
 }
 
 impl Applied {

@@ -11,14 +11,12 @@ use super::ledger;
 use super::statements::Statements;
 use super::StoreError;
 use crate::clock::iso_seconds;
-use crate::domain::decide;
-use crate::domain::ledger::{OperatorDecision, OrderPayment};
-use crate::domain::text::Escaped;
+use crate::domain::ledger::OperatorDecision;
 pub use crate::domain::Outcome;
 use crate::domain::{
     NormalizedEvent, OrderRef, OrderState, OrderStatus, ProviderName, QueuedNotice,
 };
-use crate::store::payments::Merged;
+use crate::store::payments::{order_for, Applied, Merged};
 
 /// Marks processed the events parked under the payment `?2` of provider `?1`, for the order
 /// `?3`. A parked event waits under its payment's key (`processed_events.payment_intent_id`):
@@ -144,41 +142,26 @@ fn resolve_and_apply(
     let (folded, linked_through_alias) =
         ledger::adopt_aliases(db, provider, &reference, &report.aliases)?;
     let stored = ledger::load(db, provider, &reference)?;
-    let Merged {
-        linked,
-        before,
-        after,
-        news,
-        folded,
-    } = Merged::of(report, stored, folded, linked_through_alias);
-
-    let order_id = match (&event.order_ref, &linked) {
-        (OrderRef::OrderId(named), Some(linked)) if named != linked => {
-            // A payment pays one order: the first link stands, and the event's facts are that
-            // order's. Said, as a provider should not do this.
-            tracing::warn!(
-                provider,
-                payment = %Escaped(&reference),
-                named = %Escaped(named),
-                linked = %Escaped(linked),
-                "an event names another order than the one its payment is linked to; its facts count for the linked one"
-            );
-            linked.clone()
+    let merged = Merged::of(report, stored, folded, linked_through_alias);
+    let Some(order_id) = order_for(event, &reference, merged.linked.as_deref()) else {
+        // No order yet: the facts wait on the payment, and the event under its key.
+        ledger::save(
+            db,
+            provider,
+            &reference,
+            None,
+            &merged.before,
+            &merged.after,
+            now,
+        )?;
+        if reference != report.reference {
+            db.prepare(
+                "UPDATE processed_events SET payment_intent_id = ?3
+                 WHERE provider = ?1 AND event_id = ?2",
+            )?
+            .execute(params![provider, event.event_id, reference])?;
         }
-        (OrderRef::OrderId(named), _) => named.clone(),
-        (_, Some(linked)) => linked.clone(),
-        (_, None) => {
-            // No order yet: the facts wait on the payment, and the event under its key.
-            ledger::save(db, provider, &reference, None, &before, &after, now)?;
-            if reference != report.reference {
-                db.prepare(
-                    "UPDATE processed_events SET payment_intent_id = ?3
-                     WHERE provider = ?1 AND event_id = ?2",
-                )?
-                .execute(params![provider, event.event_id, reference])?;
-            }
-            return Ok((Outcome::Parked, None));
-        }
+        return Ok((Outcome::Parked, None));
     };
 
     let current = load_order(db, &order_id)?;
@@ -186,62 +169,25 @@ fn resolve_and_apply(
         .into_iter()
         .filter(|(p, stored)| !(p == provider && stored.reference == reference))
         .collect();
-    let mut before_payments = ledger::views(&others);
-    let mut after_payments = before_payments.clone();
-    // A payment newly linked did not count for the order before this event.
-    if linked.is_some() {
-        before_payments.push(OrderPayment {
-            provider,
-            reference: &reference,
-            facts: &before,
-        });
-    }
-    after_payments.push(OrderPayment {
-        provider,
-        reference: &reference,
-        facts: &after,
-    });
-    let decision = decide(
-        &order_id,
-        current.as_ref(),
-        event,
-        &before_payments,
-        &after_payments,
-        news,
-    );
-
-    // Saved whenever the merge changed anything, not only in what counts (`News::New`): a
-    // later time of the same attempt state (a retry's `processing` after a decline) must be
-    // kept, or an older event delivered after it would win the merge.
-    if after != before || linked.as_deref() != Some(order_id.as_str()) {
+    let Applied {
+        decision,
+        save_payment,
+        release_parked,
+    } = merged.apply(event, &reference, &order_id, current.as_ref(), &others);
+    if save_payment {
         ledger::save(
             db,
             provider,
             &reference,
             Some(&order_id),
-            &before,
-            &after,
+            &merged.before,
+            &merged.after,
             now,
         )?;
     }
-    // A payment linked by this event, or one that took in the facts of another name of it
-    // (which may have been waiting unlinked).
-    if linked.is_none() || folded {
-        // The events whose facts waited for this link count now: those parked under the
-        // payment's key, which includes those parked under another name of it (a refund parked
-        // under a PaymentIntent that an invoice, named by the order, turned out to be paid by).
+    if release_parked {
         db.prepare(PARK_RELEASE)?
             .execute(params![provider, reference, order_id])?;
-    }
-    if !matches!(decision.outcome, Outcome::Processed | Outcome::Stale) {
-        tracing::warn!(
-            order_id = %Escaped(&order_id),
-            provider,
-            event_type = %Escaped(&event.event_type),
-            outcome = decision.outcome.as_str(),
-            reason = %Escaped(decision.next.review.as_deref().unwrap_or("")),
-            "order moved to needs_review"
-        );
     }
     save_order(db, event, &order_id, &decision, now)?;
     Ok((decision.outcome, Some(order_id)))
