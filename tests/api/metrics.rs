@@ -61,6 +61,7 @@ async fn every_series_is_there_from_startup_at_zero_in_the_prometheus_text_forma
         r#"sekali_outbox_dead{outbox="forward"}"#,
         r#"sekali_outbox_oldest_due_age_seconds{outbox="email"}"#,
         "sekali_writer_deliveries_total",
+        "sekali_writer_deliveries_together_total",
         r#"sekali_relay_attempts_total{transport="forward",result="dead"}"#,
         r#"sekali_relay_attempts_total{transport="smtp",result="unavailable"}"#,
         "sekali_purge_runs_total",

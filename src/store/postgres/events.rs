@@ -351,7 +351,9 @@ pub fn apply_claimed_together(
     now_unix: i64,
 ) -> Result<Vec<Option<Outcome>>, StoreError> {
     let mut outcomes = vec![None; deliveries.len()];
-    let mut uses = std::collections::HashMap::new();
+    // How many deliveries name each payment and each order.
+    let mut payment_uses = std::collections::HashMap::new();
+    let mut order_uses = std::collections::HashMap::new();
     let keyed: Vec<Option<(&str, &str, &str)>> = deliveries
         .iter()
         .map(|(event, _)| {
@@ -360,20 +362,18 @@ pub fn apply_claimed_together(
             if report.aliases.iter().any(|a| *a != report.reference) {
                 return None;
             }
-            for key in [
-                super::payment_key(event.provider.as_str(), &report.reference),
-                super::order_key(order),
-            ] {
-                *uses.entry(key).or_insert(0) += 1;
-            }
-            Some((event.provider.as_str(), report.reference.as_str(), order))
+            let provider = event.provider.as_str();
+            *payment_uses
+                .entry((provider, report.reference.as_str()))
+                .or_insert(0) += 1;
+            *order_uses.entry(order).or_insert(0) += 1;
+            Some((provider, report.reference.as_str(), order))
         })
         .collect();
     let mut together: Vec<usize> = (0..deliveries.len())
         .filter(|&i| {
             keyed[i].is_some_and(|(provider, reference, order)| {
-                uses[&super::payment_key(provider, reference)] == 1
-                    && uses[&super::order_key(order)] == 1
+                payment_uses[&(provider, reference)] == 1 && order_uses[order] == 1
             })
         })
         .collect();
@@ -419,7 +419,8 @@ pub fn apply_claimed_together(
     together = standing;
 
     // Every payment, its row locked; then every order, its row locked, and their other payments.
-    let payments: Vec<(&str, &str)> = together.iter().map(|&i| (key(i).0, key(i).1)).collect();
+    let payment = |i: usize| (key(i).0, key(i).1);
+    let payments: Vec<(&str, &str)> = together.iter().map(|&i| payment(i)).collect();
     let read = ledger::read_all_locked(db, &payments)?;
     let mut stored = Vec::with_capacity(together.len());
     let mut standing = Vec::with_capacity(together.len());
@@ -444,9 +445,9 @@ pub fn apply_claimed_together(
         return Ok(outcomes);
     }
     let orders: Vec<&str> = together.iter().map(|&i| key(i).2).collect();
-    let own: Vec<(&str, &str)> = together.iter().map(|&i| (key(i).0, key(i).1)).collect();
+    let payments: Vec<(&str, &str)> = together.iter().map(|&i| payment(i)).collect();
     let mut current = load_orders(db, &orders)?;
-    let mut others = ledger::others_of_orders(db, &orders, &own)?;
+    let mut others = ledger::others_of_orders(db, &orders, &payments)?;
 
     let applied: Vec<(usize, Merged, Applied)> = together
         .iter()
@@ -562,20 +563,11 @@ pub(crate) fn load_order(
     db: &mut Db<'_, '_>,
     order_id: &str,
 ) -> Result<Option<OrderState>, StoreError> {
-    db.query_opt(
-        "SELECT status, provider, amount, refunded_amount, currency, customer_email,
-                payment_intent_id, source = 'api', paid_amount, paid_currency, amount_exponent,
-                payer_email, review_reason, operator_status, operator_money, acknowledged,
-                announced_returned
-         FROM orders WHERE order_id = $1
-         FOR UPDATE",
-        &[&order_id],
-    )?
-    .map(|row| order_row(&row))
-    .transpose()
+    Ok(load_orders(db, &[order_id])?.remove(order_id))
 }
 
-/// The orders `order_ids` that exist, by id, as [`load_order`] reads each: their rows locked.
+/// The orders `order_ids` that exist, by id, their rows locked (`FOR UPDATE`, as [`load_order`]
+/// says why) in the order given.
 fn load_orders(
     db: &mut Db<'_, '_>,
     order_ids: &[&str],
@@ -600,7 +592,7 @@ fn load_orders(
     .collect()
 }
 
-/// The order of a row whose first columns are those [`load_order`] reads.
+/// The order of a row whose first columns are those [`load_orders`] reads.
 fn order_row(row: &postgres::Row) -> Result<OrderState, StoreError> {
     let status: String = get(row, 0)?;
     let provider: String = get(row, 1)?;

@@ -172,6 +172,16 @@ pub fn read_locked(
              FOR UPDATE) AS p ON true",
         &[&provider, &reference, &name, &then_hold],
     )?;
+    locked(db, provider, reference, row)
+}
+
+/// What a row of [`read_locked`] (or [`read_all_locked`]) says of the payment `reference`.
+fn locked(
+    db: &mut Db<'_, '_>,
+    provider: &str,
+    reference: &str,
+    row: Row,
+) -> Result<Locked, StoreError> {
     if !get::<bool>(&row, 16)? {
         return Ok(Locked::Absent {
             now_named: get(&row, 17)?,
@@ -206,15 +216,7 @@ pub fn read_all_locked(
     )?;
     rows.into_iter()
         .zip(payments)
-        .map(|(row, (provider, reference))| {
-            if !get::<bool>(&row, 16)? {
-                return Ok(Locked::Absent {
-                    now_named: get(&row, 17)?,
-                });
-            }
-            let stored = with_children(db, provider, reference, Some(row))?;
-            Ok(Locked::Found(Box::new(stored.expect("a row was found"))))
-        })
+        .map(|(row, (provider, reference))| locked(db, provider, reference, row))
         .collect()
 }
 
@@ -360,27 +362,13 @@ pub fn others_of_order(
     order_id: &str,
     except: Option<(&str, &str)>,
 ) -> Result<Vec<(String, StoredPayment)>, StoreError> {
-    let rows = db.query(
-        "SELECT provider, payment_ref FROM payments WHERE order_id = $1
-         ORDER BY provider, payment_ref",
-        &[&order_id],
-    )?;
-    let mut payments = Vec::with_capacity(rows.len());
-    for row in rows {
-        let provider: String = get(&row, 0)?;
-        let reference: String = get(&row, 1)?;
-        if except == Some((provider.as_str(), reference.as_str())) {
-            continue;
-        }
-        if let Some(stored) = load(db, &provider, &reference)? {
-            payments.push((provider, stored));
-        }
-    }
-    Ok(payments)
+    Ok(others_of_orders(db, &[order_id], except.as_slice())?
+        .remove(order_id)
+        .unwrap_or_default())
 }
 
-/// The payments linked to each of `order_ids` but `except` (provider, reference), by order, as
-/// [`others_of_order`] reads each order's: in one statement, and one more for each.
+/// The payments linked to each of `order_ids` but those `except` (provider, reference), by order,
+/// each order's in key order ([`of_order`]): in one statement, and one more for each payment.
 pub fn others_of_orders(
     db: &mut Db<'_, '_>,
     order_ids: &[&str],

@@ -359,11 +359,10 @@ fn run_batch(
     // two round trips per unit, and almost every batch succeeds whole. Every delivery of the batch
     // is claimed first, in one statement (`events::claim`); those that can go side by side are
     // applied together, in a few statements for them all (`events::apply_claimed_together`);
-    // then each of the rest. If one unit fails,
-    // PostgreSQL has aborted the transaction: it is rolled back and the whole batch runs again with
-    // a savepoint per unit, where that unit fails alone. Each can run twice: nothing was committed
-    // or answered. API work cannot (its response is worded once, an `FnOnce`), so it always runs in
-    // a savepoint of its own, after the rest.
+    // then each of the rest. If one unit fails, PostgreSQL has aborted the transaction: it is
+    // rolled back and the whole batch runs again with a savepoint per unit, where that unit fails
+    // alone. Each can run twice: nothing was committed or answered. API work cannot (its response
+    // is worded once, an `FnOnce`), so it always runs in a savepoint of its own, after the rest.
     let (plain, api): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .partition(|(work, _)| !matches!(work, Work::Idempotent { .. }));
@@ -389,7 +388,7 @@ fn run_batch(
             events::claim(&mut db, &deliveries, now_unix, false).map_err(|e| (Failed::Claim, e))?;
         // Then the claimed deliveries that can be applied side by side, together; the rest one
         // by one.
-        let claimed: Vec<(usize, (&NormalizedEvent, &Span))> = plain
+        let (indices, claimed): (Vec<usize>, Vec<(&NormalizedEvent, &Span)>) = plain
             .iter()
             .enumerate()
             .filter_map(|(index, (work, span))| match work {
@@ -399,8 +398,7 @@ fn run_batch(
             .zip(&claims)
             .filter(|(_, claim)| **claim == events::Claim::Claimed)
             .map(|(delivery, _)| delivery)
-            .collect();
-        let (indices, claimed): (Vec<usize>, Vec<_>) = claimed.into_iter().unzip();
+            .unzip();
         let mut applied = vec![None; plain.len()];
         for (index, outcome) in indices.into_iter().zip(
             events::apply_claimed_together(&mut db, &claimed, now_unix)
