@@ -326,9 +326,12 @@ fn latency_histogram() -> Histogram {
 impl Metrics {
     /// Every series of every metric, for `providers`, at 0; the store's own read at each scrape.
     pub fn new(providers: &crate::providers::Providers, store: Arc<dyn Store>) -> Metrics {
-        let mut registry = Registry::with_prefix("sekali");
+        // The process's own metrics keep their standard names (no prefix); everything else is
+        // sekali's.
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("sekali");
         for provider in providers.iter() {
-            provider.register_metrics(&mut registry);
+            provider.register_metrics(registry);
         }
         let providers: Vec<String> = providers
             .iter()
@@ -427,6 +430,7 @@ impl Metrics {
             writer.batch_units,
         );
         registry.register_collector(Box::new(WriterCollector { store }));
+        root.register_collector(Box::new(ProcessCollector));
 
         for provider in &providers {
             let outcomes = Outcome::STORED
@@ -485,7 +489,7 @@ impl Metrics {
             providers,
             recent_refusals: RecentRefusals::default(),
             started: std::time::SystemTime::now(),
-            registry,
+            registry: root,
             deliveries,
             responses,
             refusals,
@@ -697,6 +701,110 @@ impl Collector for WriterCollector {
         )?;
         queued.encode(metric)?;
         Ok(())
+    }
+}
+
+/// The process's standard metrics, as every Prometheus client library names them
+/// (`process_cpu_seconds_total`, `process_resident_memory_bytes`, …), read from `/proc/self` at
+/// each scrape. On a system without `/proc` there are none.
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(process) = ProcessSample::read() else {
+            return Ok(());
+        };
+        let cpu = ConstCounter::new(process.cpu_seconds);
+        let metric = encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            None,
+            cpu.metric_type(),
+        )?;
+        cpu.encode(metric)?;
+        for (name, help, value) in [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                process.resident_bytes,
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                process.virtual_bytes,
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors",
+                process.open_fds,
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors",
+                process.max_fds,
+            ),
+            (
+                "process_threads",
+                "Number of OS threads in the process",
+                process.threads,
+            ),
+            (
+                "process_start_time_seconds",
+                "Start time of the process since the Unix epoch in seconds",
+                process.start_time_seconds,
+            ),
+        ] {
+            let gauge = ConstGauge::new(value);
+            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            gauge.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+/// What [`ProcessCollector`] reports, read at once.
+struct ProcessSample {
+    cpu_seconds: f64,
+    resident_bytes: i64,
+    virtual_bytes: i64,
+    open_fds: i64,
+    max_fds: i64,
+    threads: i64,
+    start_time_seconds: i64,
+}
+
+impl ProcessSample {
+    #[cfg(target_os = "linux")]
+    fn read() -> Option<ProcessSample> {
+        use procfs::process::{LimitValue, Process};
+        let read = || -> procfs::ProcResult<ProcessSample> {
+            let me = Process::myself()?;
+            let stat = me.stat()?;
+            let ticks = procfs::ticks_per_second() as f64;
+            let max_fds = match me.limits()?.max_open_files.soft_limit {
+                LimitValue::Value(n) => i64::try_from(n).unwrap_or(i64::MAX),
+                LimitValue::Unlimited => i64::MAX,
+            };
+            Ok(ProcessSample {
+                cpu_seconds: (stat.utime + stat.stime) as f64 / ticks,
+                resident_bytes: (stat.rss * procfs::page_size()) as i64,
+                virtual_bytes: stat.vsize as i64,
+                open_fds: me.fd_count()? as i64,
+                max_fds,
+                threads: stat.num_threads,
+                start_time_seconds: (procfs::boot_time_secs()? as f64
+                    + stat.starttime as f64 / ticks) as i64,
+            })
+        };
+        read()
+            .inspect_err(|e| tracing::debug!(error = %e, "the process metrics could not be read"))
+            .ok()
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn read() -> Option<ProcessSample> {
+        None
     }
 }
 

@@ -81,16 +81,66 @@ async fn every_series_is_there_from_startup_at_zero_in_the_prometheus_text_forma
         ),
         Some(1.0)
     );
-    // Prometheus's naming rules: one prefix, counters end in _total, base units.
+    // Prometheus's naming rules: one prefix (but for the process's standard metrics, named as
+    // every client library names them), counters end in _total, base units.
     for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
         let mut parts = line.split(' ').skip(2);
         let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
-        assert!(name.starts_with("sekali_"), "{line}");
+        assert!(
+            name.starts_with("sekali_") || name.starts_with("process_"),
+            "{line}"
+        );
         if kind == "counter" {
             assert!(name.ends_with("_total"), "{line}");
         }
         assert!(!name.contains("millis"), "{line}");
     }
+    app.stop().await;
+}
+
+/// The process's own metrics, under the names every Prometheus client library gives them, so
+/// the usual dashboards and alerts (CPU, memory, file descriptors near their limit) work.
+#[cfg(target_os = "linux")]
+#[actix_web::test]
+async fn the_process_reports_its_cpu_memory_threads_and_file_descriptors_under_the_standard_names()
+{
+    let app = spawn().await;
+    let (_, before) = scrape(&app).await;
+    for _ in 0..20 {
+        app.deliver_stripe("payment_intent.succeeded").await;
+    }
+    let (_, after) = scrape(&app).await;
+    let get = |text: &str, name: &str| {
+        value(text, name).unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+    };
+    let cpu = get(&after, "process_cpu_seconds_total");
+    assert!(
+        cpu > 0.0 && cpu >= get(&before, "process_cpu_seconds_total"),
+        "{cpu}"
+    );
+    assert!(
+        after.contains("# TYPE process_cpu_seconds_total counter"),
+        "{after}"
+    );
+    assert!(get(&after, "process_resident_memory_bytes") > 1_000_000.0);
+    assert!(
+        get(&after, "process_virtual_memory_bytes") >= get(&after, "process_resident_memory_bytes")
+    );
+    let (open, max) = (
+        get(&after, "process_open_fds"),
+        get(&after, "process_max_fds"),
+    );
+    assert!(open >= 3.0 && open <= max, "{open} of {max}");
+    assert!(get(&after, "process_threads") >= 2.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = get(&after, "process_start_time_seconds");
+    assert!(
+        started <= now + 1.0 && started > now - 86_400.0,
+        "{started} against {now}"
+    );
     app.stop().await;
 }
 
