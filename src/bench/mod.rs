@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod cleanup;
+mod cpu;
 mod report;
 mod server_metrics;
 
@@ -195,6 +196,7 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
             reason,
         })?;
     let before = scrape_instances(&targets);
+    let cpu_before = cpu::CpuSample::take();
     let started = Instant::now();
     let pacing = config
         .rate
@@ -225,6 +227,9 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         outcome.absorb(handle.join().expect("a bench client thread panicked"));
     }
     let seconds = started.elapsed().as_secs_f64();
+    let machine_cpu = cpu_before
+        .zip(cpu::CpuSample::take())
+        .map(|(before, after)| after.since(&before));
     let server_metrics = before
         .into_iter()
         .zip(scrape_instances(&targets))
@@ -272,6 +277,7 @@ pub fn run_bench(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         max_ms: percentile(100.0),
         slowest: outcome.slowest,
         server_metrics,
+        machine_cpu,
         check_db: None,
         cleanup: None,
     };

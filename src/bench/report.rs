@@ -41,6 +41,9 @@ pub struct BenchReport {
     /// What each instance's `/metrics` said of the run: its writer's commits and their latency,
     /// and its outboxes' backlog at the end.
     pub server_metrics: Vec<super::ServerMetrics>,
+    /// This machine's CPU and bench's own over the load (Linux; absent elsewhere).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub machine_cpu: Option<super::cpu::MachineCpu>,
     /// "ok" or what --check-db found wrong; absent without --check-db.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check_db: Option<String>,
@@ -139,6 +142,19 @@ impl BenchReport {
         }
         for server in &self.server_metrics {
             out.push_str(&format!("server /metrics    {}\n", server.line()));
+        }
+        if let Some(cpu) = &self.machine_cpu {
+            // The servers' CPU only when every instance reported it.
+            let servers = self
+                .server_metrics
+                .iter()
+                .map(|s| s.cpu_seconds)
+                .sum::<Option<f64>>()
+                .filter(|_| !self.server_metrics.is_empty());
+            out.push_str(&format!(
+                "cpu (this machine) {}\n",
+                cpu.line(self.ok_2xx, servers)
+            ));
         }
         if self.retried > 0 {
             out.push_str(&format!(

@@ -24,10 +24,12 @@ impl Scrape {
 
     /// The value of the series written exactly as `series` (`name` or `name{label="v"}`).
     fn get(&self, series: &str) -> f64 {
-        self.0
-            .iter()
-            .find(|(s, _)| s == series)
-            .map_or(0.0, |(_, v)| *v)
+        self.find(series).unwrap_or(0.0)
+    }
+
+    /// The same, or `None` when the scrape has no such series.
+    fn find(&self, series: &str) -> Option<f64> {
+        self.0.iter().find(|(s, _)| s == series).map(|(_, v)| *v)
     }
 
     /// A histogram's buckets: each `le` bound with its cumulative count.
@@ -65,6 +67,10 @@ pub struct ServerMetrics {
     pub email_oldest_due_s_at_end: f64,
     pub forward_pending_at_end: u64,
     pub forward_oldest_due_s_at_end: f64,
+    /// The CPU seconds the instance's process used during the run (its
+    /// `process_cpu_seconds_total`); `None` when its `/metrics` has none (not Linux, or an
+    /// older sekali).
+    pub cpu_seconds: Option<f64>,
 }
 
 impl ServerMetrics {
@@ -72,6 +78,7 @@ impl ServerMetrics {
     pub fn between(instance: String, before: &Scrape, after: &Scrape) -> ServerMetrics {
         const COMMIT: &str = "sekali_writer_commit_duration_seconds";
         const UNITS: &str = "sekali_writer_batch_units";
+        const CPU: &str = "process_cpu_seconds_total";
         let delta = |series: &str| after.get(series) - before.get(series);
         let commits = delta(&format!("{COMMIT}_count"));
         let mean = |sum: f64| (commits > 0.0).then(|| sum / commits);
@@ -100,6 +107,10 @@ impl ServerMetrics {
             forward_pending_at_end: after.get("sekali_outbox_pending{outbox=\"forward\"}") as u64,
             forward_oldest_due_s_at_end: after
                 .get("sekali_outbox_oldest_due_age_seconds{outbox=\"forward\"}"),
+            cpu_seconds: before
+                .find(CPU)
+                .zip(after.find(CPU))
+                .map(|(before, after)| after - before),
         }
     }
 
@@ -108,7 +119,7 @@ impl ServerMetrics {
         let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2} ms"));
         format!(
             "{}: {} commits, mean {}, p99 <= {}, {} units a commit; at the end {} emails pending \
-             (oldest due {:.0} s), {} forwards pending (oldest due {:.0} s)",
+             (oldest due {:.0} s), {} forwards pending (oldest due {:.0} s){}",
             self.instance,
             self.commits,
             ms(self.commit_mean_ms),
@@ -119,6 +130,8 @@ impl ServerMetrics {
             self.email_oldest_due_s_at_end,
             self.forward_pending_at_end,
             self.forward_oldest_due_s_at_end,
+            self.cpu_seconds
+                .map_or_else(String::new, |s| format!(", {s:.2} s of CPU")),
         )
     }
 }
@@ -134,7 +147,8 @@ mod tests {
         sekali_writer_commit_duration_seconds_sum 0.005\n\
         sekali_writer_commit_duration_seconds_count 10\n\
         sekali_writer_batch_units_sum 10.0\n\
-        sekali_writer_batch_units_count 10\n";
+        sekali_writer_batch_units_count 10\n\
+        process_cpu_seconds_total 1.25\n";
 
     #[test]
     fn the_runs_commits_are_the_difference_of_two_scrapes() {
@@ -146,7 +160,8 @@ mod tests {
             sekali_writer_batch_units_sum 1010.0\n\
             sekali_writer_batch_units_count 110\n\
             sekali_outbox_pending{outbox=\"email\"} 7\n\
-            sekali_outbox_oldest_due_age_seconds{outbox=\"email\"} 1.5\n";
+            sekali_outbox_oldest_due_age_seconds{outbox=\"email\"} 1.5\n\
+            process_cpu_seconds_total 4.5\n";
         let run = ServerMetrics::between(
             "127.0.0.1:8080".into(),
             &Scrape::parse(BEFORE),
@@ -162,5 +177,10 @@ mod tests {
         assert!((run.batch_units_mean.unwrap() - 10.0).abs() < 1e-9);
         assert_eq!(run.email_pending_at_end, 7);
         assert_eq!(run.email_oldest_due_s_at_end, 1.5);
+        assert_eq!(run.cpu_seconds, Some(3.25));
+        assert!(run.line().ends_with(", 3.25 s of CPU"), "{}", run.line());
+        let older = "sekali_writer_commit_duration_seconds_count 10\n";
+        let run = ServerMetrics::between("b".into(), &Scrape::parse(older), &Scrape::parse(older));
+        assert_eq!(run.cpu_seconds, None, "a server that does not report it");
     }
 }
