@@ -172,6 +172,8 @@ pub struct Settings {
     pub purge_batch: usize,
     pub batch_max: usize,
     pub queue_capacity: usize,
+    /// PostgreSQL: the instance's writer threads (`--pg-writers`).
+    pub pg_writers: usize,
     /// HTTP worker threads; 0 means one per core.
     pub workers: usize,
     pub busy_timeout: Duration,
@@ -220,6 +222,7 @@ impl Settings {
             purge_batch: crate::store::DEFAULT_PURGE_BATCH,
             batch_max: DEFAULT_BATCH_MAX,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            pg_writers: crate::store::DEFAULT_PG_WRITERS,
             workers: 0,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             shutdown_timeout: Duration::from_secs(30),

@@ -243,6 +243,7 @@ impl Application {
             crate::store::Options {
                 batch_max: settings.batch_max,
                 queue_capacity: settings.queue_capacity,
+                pg_writers: settings.pg_writers,
                 busy_timeout: settings.busy_timeout,
                 max_page_count: settings.max_page_count,
                 reread: Some(crate::providers::read_stored),
@@ -426,6 +427,9 @@ impl Application {
             relay = relay.is_some(),
             forwarding = forwarder.is_some(),
             max_connections = gauge.limit(),
+            // PostgreSQL only (SQLite has one writer).
+            pg_writers = matches!(settings.db, crate::store::Location::Server(_))
+                .then_some(settings.pg_writers),
             "sekali is listening; register https://<your host>{} with the provider{}",
             webhook_urls.join(" and https://<your host>"),
             if webhook_urls.len() > 1 { "s" } else { "" }

@@ -1919,7 +1919,7 @@ fn with_sslmode_require_every_connection_is_tls_to_a_verified_server() {
     };
     let encrypted = "SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl) \
                      FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
-                     WHERE a.application_name = 'sekali'";
+                     WHERE a.application_name LIKE 'sekali%'";
 
     for mode in ["require", "verify-full"] {
         let env = env_with(&[("PGSSLROOTCERT", ca_path)]);
@@ -2012,7 +2012,7 @@ fn a_unix_socket_url_serves_deliveries_and_the_commands_over_the_socket() {
         "SELECT count(*) FILTER (WHERE client_addr IS NULL), \
                 count(*) FILTER (WHERE client_addr IS NOT NULL) \
          FROM pg_stat_activity \
-         WHERE application_name = 'sekali' AND datname = current_database()",
+         WHERE application_name LIKE 'sekali%' AND datname = current_database()",
     );
     let (socket, tcp) = connections.trim().split_once('|').unwrap();
     assert!(socket.parse::<u32>().unwrap() > 0, "{connections}");
@@ -2034,4 +2034,55 @@ fn a_unix_socket_url_serves_deliveries_and_the_commands_over_the_socket() {
         message.contains("sslmode=require needs a TCP host"),
         "{message}"
     );
+}
+
+/// `--pg-writers` (or `SEKALI_PG_WRITERS`) sets how many writers an instance runs, each a
+/// connection of its own that shows as `sekali writer` in `pg_stat_activity`, and deliveries go
+/// through with one as with several. A SQLite database, which has one writer, refuses it at
+/// startup rather than ignore it.
+#[test]
+fn pg_writers_sets_the_writer_connections_of_an_instance_and_sqlite_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("shop.db");
+    let message = refused(file.to_str().unwrap(), &[("SEKALI_PG_WRITERS", "3")]);
+    assert!(
+        message.contains("--pg-writers (SEKALI_PG_WRITERS) is 3")
+            && message.contains("is SQLite, which has one writer"),
+        "{message}"
+    );
+    assert!(!file.exists(), "the refused database was created");
+
+    let Some(cluster) = shared_cluster() else {
+        return;
+    };
+    for writers in [1_i64, 3] {
+        let database = cluster.fresh_database();
+        let server = serve(
+            &cluster.url(&database),
+            &["--no-relay", "--pg-writers", &writers.to_string()],
+        );
+        let bodies = helpers::distinct_succeeded_bodies(&format!("writers{writers}"), 12);
+        std::thread::scope(|scope| {
+            for body in &bodies {
+                scope.spawn(|| assert_eq!(deliver(&agent(), server.port, body).0, 200));
+            }
+        });
+        assert_eq!(deliver(&agent(), server.port, &bodies[0]).1, "duplicate");
+        assert_eq!(
+            count(
+                cluster,
+                &database,
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'sekali writer' AND datname = current_database()"
+            ),
+            writers,
+            "writer connections with --pg-writers {writers}"
+        );
+        assert_eq!(
+            count(cluster, &database, "SELECT count(*) FROM processed_events"),
+            12
+        );
+        let (status, logs) = server.stop();
+        assert!(status.success(), "{logs}");
+    }
 }

@@ -269,6 +269,13 @@ pub struct ServeArgs {
     /// Most deliveries committed by one transaction (1 = one transaction per delivery).
     #[arg(long, default_value_t = config::DEFAULT_BATCH_MAX as u32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_max: u32,
+    /// PostgreSQL only: writer threads of this instance, each with a connection of its own,
+    /// committing batches side by side [default: 2]. With several instances on one database,
+    /// fewer per instance make bigger batches: keep the writers of all instances together near
+    /// the database server's cores (docs/postgres.md#several-instances). SQLite has one writer.
+    #[arg(long, env = "SEKALI_PG_WRITERS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub pg_writers: Option<usize>,
     /// Deliveries that may wait for the writer before new ones get 503 with Retry-After.
     #[arg(long, default_value_t = config::DEFAULT_QUEUE_CAPACITY,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]

@@ -134,6 +134,17 @@ pub(super) fn serve(args: ServeArgs) -> CommandResult {
     settings.purge_interval = args.purge_interval;
     settings.batch_max = args.batch_max as usize;
     settings.queue_capacity = args.queue_capacity;
+    if let Some(writers) = args.pg_writers {
+        if !matches!(settings.db, crate::store::Location::Server(_)) {
+            return Err(format!(
+                "--pg-writers (SEKALI_PG_WRITERS) is {writers}, but the database {} is SQLite, \
+                 which has one writer: it applies to a PostgreSQL database only",
+                settings.db
+            )
+            .into());
+        }
+        settings.pg_writers = writers;
+    }
     settings.workers = args.workers;
     settings.idempotency_retention = args.idempotency_retention;
     settings.forward = crate::forward::ForwardConfig::from_env()?;
@@ -276,6 +287,7 @@ pub(super) fn relay(args: RelayCommandArgs) -> CommandResult {
             crate::store::Options {
                 batch_max: crate::config::DEFAULT_BATCH_MAX,
                 queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
+                pg_writers: crate::store::DEFAULT_PG_WRITERS,
                 busy_timeout: config.busy_timeout,
                 max_page_count: None,
                 reread: None,

@@ -79,6 +79,8 @@ pub struct Options {
     pub batch_max: usize,
     /// Deliveries waiting for the writer before new ones get 503.
     pub queue_capacity: usize,
+    /// PostgreSQL: writer threads, each with a connection of its own.
+    pub pg_writers: usize,
     /// SQLite: how long a statement waits for another process's lock.
     pub busy_timeout: Duration,
     /// SQLite: caps the database at this many pages.
@@ -117,7 +119,7 @@ pub fn open(
         Location::Server(url) => Arc::new(postgres::PgStore::open(
             postgres::WriterConfig {
                 target: postgres::Target::parse(url)?,
-                writers: postgres::writer::DEFAULT_WRITERS,
+                writers: options.pg_writers,
                 batch_max: options.batch_max,
                 queue_capacity: options.queue_capacity,
                 commit_faults: options.commit_faults,

@@ -39,6 +39,8 @@ pub use model::{
     RunMarker, SendOutcome, SendResult, SetStatusError, Skipped, StoreStats, StoredResponse,
     Transition, WriterStats, DEFAULT_PURGE_BATCH, RUN_ORDER_PREFIX,
 };
+/// PostgreSQL writers per instance by default (`serve --pg-writers`).
+pub use postgres::writer::DEFAULT_WRITERS as DEFAULT_PG_WRITERS;
 
 /// A store failure, in engine-neutral kinds. What the database itself reported is kept as the
 /// source of [`StoreError::Database`] (SQLite's extended result code, PostgreSQL's SQLSTATE), so

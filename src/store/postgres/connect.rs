@@ -40,6 +40,8 @@ pub struct Target {
     config: postgres::Config,
     /// The TLS every connection is made with: used only under `sslmode=require`.
     tls: Tls,
+    /// The URL set `application_name`: every connection keeps it (see [`Target::named`]).
+    named_by_url: bool,
 }
 
 impl Target {
@@ -88,7 +90,8 @@ impl Target {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
         }
-        if config.get_application_name().is_none() {
+        let named_by_url = config.get_application_name().is_some();
+        if !named_by_url {
             config.application_name("sekali");
         }
         Ok(Target {
@@ -97,6 +100,7 @@ impl Target {
                 rustls: tls_connector(tls)?,
                 used: tls,
             },
+            named_by_url,
         })
     }
 
@@ -115,6 +119,16 @@ impl Target {
         })?;
         prepare_session(&mut client, self)?;
         Ok(client)
+    }
+
+    /// The same database, its connections named `name` in `pg_stat_activity` (`sekali writer`:
+    /// an operator tells the writers from the reads), unless the URL named them.
+    pub fn named(&self, name: &str) -> Target {
+        let mut target = self.clone();
+        if !self.named_by_url {
+            target.config.application_name(name);
+        }
+        target
     }
 
     /// The driver's settings (for the read pool's connections).

@@ -31,7 +31,7 @@ use crate::store::{CommitFaults, CreateOrder, ErrorKind, WriteError};
 /// Times a unit reruns after a deadlock or a serialization failure before it gets 503.
 pub const TRANSIENT_RERUNS: u32 = 3;
 
-/// Writers per instance. A writer spends much of a batch waiting for the server's answers (one
+/// Writers per instance by default (`serve --pg-writers`). A writer spends much of a batch waiting for the server's answers (one
 /// round trip per statement): two, each committing its own batches, keep the server busy while
 /// each waits. More make each batch smaller, and a batch's deliveries that go together cost a
 /// few statements whatever their number (`events::apply_claimed_together`): with them, 2 writers
@@ -96,7 +96,8 @@ pub struct Writer {
 impl Writer {
     /// Connects (so that a wrong URL or password fails startup, not the first delivery) and
     /// starts the writer thread. The schema must be in place.
-    pub fn start(config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
+    pub fn start(mut config: WriterConfig, clock: SharedClock) -> Result<Self, StoreError> {
+        config.target = config.target.named("sekali writer");
         let counters = Arc::new(WriterCounters::default());
         let clients = (0..config.writers.max(1))
             .map(|_| config.target.connect())
