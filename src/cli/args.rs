@@ -272,7 +272,7 @@ pub struct ServeArgs {
     /// PostgreSQL only: writer threads of this instance, each with a connection of its own,
     /// committing batches side by side [default: 2]. With several instances on one database,
     /// fewer per instance make bigger batches: keep the writers of all instances together near
-    /// the database server's cores (docs/postgres.md#several-instances). SQLite has one writer.
+    /// the database server's cores (docs/postgres.md#sizing). SQLite has one writer.
     #[arg(long, env = "SEKALI_PG_WRITERS",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub pg_writers: Option<usize>,

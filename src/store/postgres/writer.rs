@@ -31,11 +31,12 @@ use crate::store::{CommitFaults, CreateOrder, ErrorKind, WriteError};
 /// Times a unit reruns after a deadlock or a serialization failure before it gets 503.
 pub const TRANSIENT_RERUNS: u32 = 3;
 
-/// Writers per instance by default (`serve --pg-writers`). A writer spends much of a batch waiting for the server's answers (one
-/// round trip per statement): two, each committing its own batches, keep the server busy while
-/// each waits. More make each batch smaller, and a batch's deliveries that go together cost a
-/// few statements whatever their number (`events::apply_claimed_together`): with them, 2 writers
-/// did 1.19 × 4 and 1.24 × 1 (docs/postgres.md#performance).
+/// Writers per instance by default (`serve --pg-writers`). A writer spends much of a batch
+/// waiting for the server's answers (one round trip per statement): two, each committing its own
+/// batches, keep the server busy while each waits. More make each batch smaller, and a batch's
+/// deliveries that go together cost a few statements whatever their number
+/// (`events::apply_claimed_together`): with them, 2 writers did 1.19 × 4 and 1.24 × 1, and two
+/// instances did better with one writer each than with two (docs/postgres.md#performance).
 pub const DEFAULT_WRITERS: usize = 2;
 
 /// How long the writer waits between attempts to connect again.
