@@ -688,20 +688,26 @@ impl Collector for WriterCollector {
                 writer.reopens,
             ),
         ] {
-            let counter = ConstCounter::new(value);
-            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
-            counter.encode(metric)?;
+            encode_one(&mut encoder, name, help, ConstCounter::new(value))?;
         }
-        let queued = ConstGauge::new(writer.queued as i64);
-        let metric = encoder.encode_descriptor(
+        encode_one(
+            &mut encoder,
             "writer_queue_depth",
             "Units of work (deliveries, outbox claims and results, API requests, purge batches) waiting for the writer now; deliveries get 503 once --queue-capacity wait",
-            None,
-            queued.metric_type(),
-        )?;
-        queued.encode(metric)?;
-        Ok(())
+            ConstGauge::new(writer.queued as i64),
+        )
     }
+}
+
+/// Writes one series without labels whose value a collector read at the scrape.
+fn encode_one(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    let series = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+    metric.encode(series)
 }
 
 /// The process's standard metrics, as every Prometheus client library names them
@@ -715,14 +721,12 @@ impl Collector for ProcessCollector {
         let Some(process) = ProcessSample::read() else {
             return Ok(());
         };
-        let cpu = ConstCounter::new(process.cpu_seconds);
-        let metric = encoder.encode_descriptor(
+        encode_one(
+            &mut encoder,
             "process_cpu_seconds",
             "Total user and system CPU time spent in seconds",
-            None,
-            cpu.metric_type(),
+            ConstCounter::new(process.cpu_seconds),
         )?;
-        cpu.encode(metric)?;
         for (name, help, value) in [
             (
                 "process_resident_memory_bytes",
@@ -755,9 +759,7 @@ impl Collector for ProcessCollector {
                 process.start_time_seconds,
             ),
         ] {
-            let gauge = ConstGauge::new(value);
-            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
-            gauge.encode(metric)?;
+            encode_one(&mut encoder, name, help, ConstGauge::new(value))?;
         }
         Ok(())
     }
