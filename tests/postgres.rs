@@ -2057,8 +2057,10 @@ fn pg_writers_sets_the_writer_connections_of_an_instance_and_sqlite_refuses_it()
     };
     for writers in [1_i64, 3] {
         let database = cluster.fresh_database();
-        let server = serve(
-            &cluster.url(&database),
+        let server = ServeProcess::start_on(
+            Some(Path::new(&cluster.url(&database))),
+            helpers::PROVIDER_ENV,
+            "info",
             &["--no-relay", "--pg-writers", &writers.to_string()],
         );
         let bodies = helpers::distinct_succeeded_bodies(&format!("writers{writers}"), 12);
@@ -2077,6 +2079,13 @@ fn pg_writers_sets_the_writer_connections_of_an_instance_and_sqlite_refuses_it()
             ),
             writers,
             "writer connections with --pg-writers {writers}"
+        );
+        assert!(
+            server
+                .logs_so_far()
+                .contains(&format!("pg_writers={writers}")),
+            "the startup line says how many: {}",
+            server.logs_so_far()
         );
         assert_eq!(
             count(cluster, &database, "SELECT count(*) FROM processed_events"),

@@ -652,6 +652,20 @@ async fn bench_sends_signed_deliveries_with_racing_redeliveries_and_checks_the_d
     );
     assert_eq!(server["email_pending_at_end"], 300, "{server}");
     assert!(stdout.contains("server /metrics"), "{stdout}");
+    // CPU over the load: the server's from its process_cpu_seconds_total (this test process
+    // served every request), and this machine's with bench's own, divided per delivery.
+    if cfg!(target_os = "linux") {
+        assert!(server["cpu_seconds"].as_f64().unwrap() > 0.0, "{server}");
+        let cpu = &report["machine_cpu"];
+        assert!(cpu["cores"].as_u64().unwrap() >= 1, "{cpu}");
+        assert!(cpu["busy_seconds"].as_f64().unwrap() > 0.0, "{cpu}");
+        assert!(cpu["idle_seconds"].as_f64().unwrap() >= 0.0, "{cpu}");
+        assert!(cpu["bench_seconds"].as_f64().unwrap() >= 0.0, "{cpu}");
+        assert!(
+            stdout.contains("cpu (this machine)") && stdout.contains("us of CPU: servers "),
+            "{stdout}"
+        );
+    }
 }
 
 /// How often an event's id sorts below the id of the event that arrived just before it.
